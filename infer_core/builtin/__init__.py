@@ -1,0 +1,1 @@
+"""The core's own implementation of every extension point, registered like any plugin."""

@@ -1,0 +1,44 @@
+"""The ``single`` parallel strategy: one rank, the runner in the engine's own process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infer_core.interfaces import Executor, ParallelContext, ParallelStrategy
+
+
+class SingleExecutor(Executor):
+    def __init__(self, engine_config: Any) -> None:
+        from infer_core.runner.worker import Worker
+
+        self.worker = Worker(engine_config, ParallelContext.single())
+
+    def start(self) -> int:
+        return self.worker.start()
+
+    def init_kv_cache(self, num_blocks: int) -> None:
+        self.worker.init_kv_cache(num_blocks)
+
+    def execute(self, scheduler_output):
+        return self.worker.execute(scheduler_output)
+
+    def collective_rpc(self, method: str, *args: Any) -> list[Any]:
+        return [getattr(self.worker, method)(*args)]
+
+    def shutdown(self) -> None:
+        self.worker.shutdown()
+
+
+class SingleDeviceStrategy(ParallelStrategy):
+    @classmethod
+    def validate(cls, ctx):
+        if ctx.settings.tensor_parallel_size > 1:
+            return [f"tensor_parallel_size={ctx.settings.tensor_parallel_size} needs a multi-rank strategy (INFER_PARALLEL=tp)"]
+        return []
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    def create_executor(self, engine_config):
+        return SingleExecutor(engine_config)

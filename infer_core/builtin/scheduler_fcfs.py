@@ -1,0 +1,217 @@
+"""The ``fcfs`` scheduler: continuous batching with chunked prefill and preemption by recompute.
+
+Each step spends a budget of ``max_num_batched_tokens``: first on running requests, oldest
+first (a decode costs one token, an unfinished prompt a chunk), then on waiting requests in
+arrival order. When the pool runs out of blocks the newest running request is preempted: its
+blocks are freed and it goes back to the front of the queue to be recomputed later (cheaply,
+when its blocks are still in the prefix cache).
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import deque
+from collections.abc import Iterable
+
+from infer_core.errors import RequestError
+from infer_core.interfaces import (
+    CachedRequestData,
+    NewRequestData,
+    Request,
+    RequestStatus,
+    RequestUpdate,
+    RunnerOutput,
+    Scheduler,
+    SchedulerOutput,
+    SchedulerStats,
+)
+
+
+def _age(request: Request) -> tuple[float, int]:
+    return (request.arrival_time, request.priority)
+
+
+class FCFSScheduler(Scheduler):
+    def __init__(self, config, kv_allocator) -> None:
+        super().__init__(config, kv_allocator)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # oldest first
+        self.requests: dict[str, Request] = {}
+        self.finished_ids: set[str] = set()
+        self.num_preemptions = 0
+
+    # admission -----------------------------------------------------------------------------
+
+    def check_admission(self, request: Request) -> None:
+        """Refuse what could never be served, with the arithmetic in the message."""
+        max_len = self.config.max_model_len
+        prompt = request.num_prompt_tokens
+        if prompt == 0:
+            raise RequestError("the prompt is empty; send at least one token", param="prompt")
+        if prompt >= max_len:
+            raise RequestError(
+                f"the prompt has {prompt} tokens but max_model_len is {max_len}: it leaves no room to generate; "
+                f"shorten the prompt or raise max_model_len",
+                code="context_length_exceeded", param="prompt",
+            )
+        total = min(prompt + request.max_tokens, max_len) + self.config.num_lookahead_tokens
+        blocks = self.kv_allocator.num_blocks_for(total)
+        if blocks > self.kv_allocator.num_blocks:
+            raise RequestError(
+                f"the request needs {blocks} KV blocks ({prompt} prompt + {request.max_tokens} max_tokens tokens at "
+                f"{self.kv_allocator.block_size} tokens per block) but the KV pool holds only "
+                f"{self.kv_allocator.num_blocks} blocks; lower max_tokens, or give the KV cache more memory "
+                f"(num_kv_blocks, kv_cache_gb, gpu_memory_utilization)",
+                code="kv_cache_exceeded", param="max_tokens",
+            )
+
+    def add(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise RequestError(f"request id {request.request_id!r} is already in use", param="request_id")
+        self.check_admission(request)
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    # scheduling ----------------------------------------------------------------------------
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.kv_allocator.free(request.request_id)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_synced_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.finished_ids.add(request.request_id)  # the runner drops its state; it is re-sent as new
+        self.waiting.appendleft(request)
+
+    def _num_new_tokens(self, request: Request, budget: int) -> int:
+        pending = request.num_tokens + len(request.spec_token_ids) - request.num_computed_tokens
+        return max(0, min(pending, budget))
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        allocator = self.kv_allocator
+        preempted = False
+        for request in list(self.running):
+            if budget <= 0:
+                break
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = self._num_new_tokens(request, budget)
+            if num_new == 0:
+                continue
+            target = request.num_computed_tokens + num_new + self.config.num_lookahead_tokens
+            while (new_blocks := allocator.allocate(request.request_id, target)) is None:
+                victim = max(self.running, key=_age)
+                self._preempt(victim)
+                preempted = True
+                if victim is request:
+                    break
+            if request.status is not RequestStatus.RUNNING:
+                continue
+            out.cached_requests.append(CachedRequestData(
+                request.request_id, request.all_token_ids[request.num_synced_tokens:], new_blocks,
+                request.num_computed_tokens,
+            ))
+            self._scheduled(out, request, num_new)
+            budget -= num_new
+
+        while self.waiting and budget > 0 and not preempted and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            prefix = allocator.lookup_prefix(request.request_id, request.all_token_ids, request.num_tokens - 1)
+            request.num_computed_tokens = prefix.num_tokens
+            num_new = self._num_new_tokens(request, budget)
+            if allocator.allocate(request.request_id, prefix.num_tokens + num_new, prefix) is None:
+                request.num_computed_tokens = 0
+                break
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = prefix.num_tokens
+                request.first_scheduled_time = time.monotonic()
+            bisect.insort(self.running, request, key=_age)
+            out.new_requests.append(NewRequestData(
+                request.request_id, list(request.all_token_ids), request.num_prompt_tokens,
+                request.sampling_params, allocator.block_ids(request.request_id), request.num_computed_tokens,
+            ))
+            self._scheduled(out, request, num_new)
+            budget -= num_new
+
+        out.finished_request_ids = self.finished_ids
+        self.finished_ids = set()
+        return out
+
+    def _scheduled(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
+        out.num_scheduled_tokens[request.request_id] = num_new
+        if request.spec_token_ids:
+            out.spec_token_ids[request.request_id] = list(request.spec_token_ids)
+        request.num_synced_tokens = request.num_tokens
+        self.kv_allocator.cache_blocks(request.request_id, request.all_token_ids,
+                                       min(request.num_computed_tokens + num_new, request.num_tokens))
+
+    # results -------------------------------------------------------------------------------
+
+    def update(self, output: SchedulerOutput, runner_output: RunnerOutput, accepted: dict[str, list[int]]):
+        updates: list[RequestUpdate] = []
+        max_len = self.config.max_model_len
+        for index, request_id in enumerate(runner_output.request_ids):
+            request = self.requests.get(request_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue  # finished or preempted while the step ran
+            tokens = accepted.get(request_id, [])
+            spec = output.spec_token_ids.get(request_id, [])
+            rejected = len(spec) + 1 - len(tokens) if spec else 0
+            request.num_computed_tokens += output.num_scheduled_tokens[request_id] - rejected
+            new_tokens: list[int] = []
+            finished = False
+            for token in tokens:
+                new_tokens.append(token)
+                if request.append_output_token(token, max_len):
+                    finished = True
+                    break
+            logprobs = runner_output.logprobs[index] if runner_output.logprobs else None
+            if logprobs is not None:
+                logprobs = logprobs[: len(new_tokens)]
+            if finished:
+                self._release(request)
+            if new_tokens or finished:
+                updates.append(RequestUpdate(request, new_tokens, logprobs, finished))
+        return updates
+
+    def _release(self, request: Request) -> None:
+        if request in self.running:
+            self.running.remove(request)
+        else:
+            try:
+                self.waiting.remove(request)
+            except ValueError:
+                pass
+        self.kv_allocator.free(request.request_id)
+        self.requests.pop(request.request_id, None)
+        self.finished_ids.add(request.request_id)
+
+    def finish(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
+        ended = []
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is None:
+                continue
+            request.status = status
+            self._release(request)
+            ended.append(request)
+        return ended
+
+    def get(self, request_id: str) -> Request | None:
+        return self.requests.get(request_id)
+
+    def stats(self) -> SchedulerStats:
+        kv = self.kv_allocator.stats()
+        return SchedulerStats(len(self.running), len(self.waiting), self.num_preemptions, kv.usage,
+                              kv.prefix_queried_tokens, kv.prefix_hit_tokens)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.running) + len(self.waiting)

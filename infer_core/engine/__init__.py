@@ -1,0 +1,1 @@
+"""The engine: requests in, one scheduled step at a time, incremental outputs out."""

@@ -1,0 +1,203 @@
+"""Engine: the step loop that the offline API and the server both drive.
+
+``add_request`` tokenizes and admits (or refuses) a request; ``step`` runs one scheduled forward
+pass and returns the outputs that progressed; ``abort`` ends a request and frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from infer_core.engine.output_processor import OutputProcessor
+from infer_core.errors import EngineDeadError, RequestError, SettingsError
+from infer_core.interfaces import Request, RequestStatus, SchedulerConfig, SchedulerStats
+from infer_core.loader import EngineSpec, assemble
+from infer_core.models.tokenizer import load_tokenizer
+from infer_core.outputs import RequestOutput
+from infer_core.sampling_params import SamplingParams
+from infer_core.settings import EngineSettings, load_settings
+
+logger = logging.getLogger(__name__)
+
+Prompt = str | Sequence[int]
+
+
+@dataclass(slots=True)
+class EngineCounters:
+    """Totals since start, for logs and Prometheus."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    finished: dict[str, int] | None = None
+
+
+class Engine:
+    def __init__(self, spec: EngineSpec) -> None:
+        self.spec = spec
+        self.config = config = spec.config
+        settings = config.settings
+        self.tokenizer = load_tokenizer(config)
+        strategy = spec.chosen["parallel"].load()(spec.context)
+        self.executor = strategy.create_executor(config)
+        try:
+            num_blocks = self._size_kv_cache(self.executor.start())
+            self.executor.init_kv_cache(num_blocks)
+        except BaseException:
+            self.executor.shutdown()
+            raise
+        self.num_kv_blocks = num_blocks
+        self.decoding = spec.chosen["decoding"].load()(spec.context)
+        allocator = spec.chosen["kv_allocator"].load()(num_blocks, config.block_size, settings.enable_prefix_caching)
+        scheduler_config = SchedulerConfig(settings.max_num_seqs, settings.max_num_batched_tokens, config.max_model_len,
+                                           self.decoding.num_speculative_tokens)
+        self.scheduler = spec.chosen["scheduler"].load()(scheduler_config, allocator)
+        self.outputs = OutputProcessor(self.tokenizer)
+        eos = set(config.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = frozenset(eos)
+        self.counters = EngineCounters(finished={})
+        self._ids = itertools.count()
+        self.is_dead = False
+
+    @classmethod
+    def from_settings(cls, settings: EngineSettings | None = None, **explicit: Any) -> Engine:
+        return cls(assemble(settings or load_settings(**explicit)))
+
+    def _size_kv_cache(self, possible: int) -> int:
+        config = self.config
+        settings = config.settings
+        num_blocks = settings.num_kv_blocks or possible
+        tokens = num_blocks * config.block_size
+        logger.info("KV cache: %d blocks of %d tokens = %d tokens; max concurrent requests at max_model_len: %.2f",
+                    num_blocks, config.block_size, tokens, tokens / config.max_model_len)
+        if tokens < config.max_model_len:
+            if settings.num_kv_blocks is None:
+                raise SettingsError(
+                    f"the KV cache holds {tokens} tokens, less than one request at max_model_len "
+                    f"({config.max_model_len}); raise gpu_memory_utilization or kv_cache_gb, or lower max_model_len"
+                )
+            logger.warning("num_kv_blocks=%d holds fewer tokens (%d) than max_model_len (%d): long requests are refused",
+                           num_blocks, tokens, config.max_model_len)
+        return num_blocks
+
+    # requests --------------------------------------------------------------------------------
+
+    def _tokenize(self, prompt: Prompt, add_special_tokens: bool) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError("this model has no tokenizer: send the prompt as token ids", param="prompt")
+            return prompt, self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        if isinstance(prompt, Sequence) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            vocab = self.config.model.vocab_size
+            bad = [t for t in prompt if not 0 <= t < vocab]
+            if bad:
+                raise RequestError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}", param="prompt")
+            return None, list(prompt)
+        raise RequestError("a prompt is a string or a list of token ids", param="prompt")
+
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    chat_template: str | None = None, **template_kwargs: Any) -> str:
+        """The chat as prompt text, through the model's (or the given) chat template."""
+        if self.tokenizer is None:
+            raise RequestError("this model has no tokenizer, so it cannot format a chat", param="messages")
+        template = chat_template or self.tokenizer.chat_template
+        if not template:
+            raise RequestError("the model has no chat template; pass one with --chat-template (INFER_CHAT_TEMPLATE)",
+                               param="messages")
+        try:
+            return self.tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
+                                                      add_generation_prompt=add_generation_prompt, **template_kwargs)
+        except Exception as e:
+            raise RequestError(f"the chat template could not format these messages: {e}", param="messages") from None
+
+    def add_request(self, request_id: str | None, prompt: Prompt, params: SamplingParams | None = None, *,
+                    add_special_tokens: bool = True, arrival_time: float | None = None, priority: int = 0) -> str:
+        """Tokenize and queue a request (n completions); RequestError if it can never be served."""
+        self._check_alive()
+        params = params or SamplingParams()
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        if request_id in self.outputs.parents:
+            raise RequestError(f"request id {request_id!r} is already in use", param="request_id")
+        text, prompt_ids = self._tokenize(prompt, add_special_tokens)
+        remaining = self.config.max_model_len - len(prompt_ids)
+        max_tokens = min(params.max_tokens or remaining, max(remaining, 1))
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        children = [(request_id if params.n == 1 else f"{i}_{request_id}", params if params.n == 1 else params.for_child(i))
+                    for i in range(params.n)]
+        requests = [Request(cid, list(prompt_ids), cparams, max_tokens, self.eos_token_ids, priority, arrival)
+                    for cid, cparams in children]
+        added: list[str] = []
+        try:
+            for request in requests:
+                self.scheduler.add(request)
+                added.append(request.request_id)
+        except BaseException:
+            self.scheduler.finish(added, RequestStatus.FINISHED_ABORTED)
+            raise
+        self.outputs.add(request_id, text, list(prompt_ids), children, arrival)
+        self.counters.prompt_tokens += len(prompt_ids) * params.n
+        return request_id
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """End a request now (its KV blocks are freed at once); returns its final output."""
+        self.scheduler.finish(self.outputs.children_of(request_id), RequestStatus.FINISHED_ABORTED)
+        output = self.outputs.abort(request_id)
+        if output is not None:
+            self._count_finished([output])
+        return output
+
+    # the step loop ---------------------------------------------------------------------------
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.outputs.parents) or self.scheduler.num_unfinished > 0
+
+    def _check_alive(self) -> None:
+        if self.is_dead:
+            raise EngineDeadError("the engine stopped after an error; restart it")
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled step; return the RequestOutputs that progressed."""
+        self._check_alive()
+        if self.decoding.num_speculative_tokens:
+            for request_id, draft in self.decoding.propose(self._running_requests()).items():
+                request = self.scheduler.get(request_id)
+                if request is not None:
+                    request.spec_token_ids = draft
+        scheduler_output = self.scheduler.schedule()
+        try:
+            runner_output = self.executor.execute(scheduler_output)
+        except Exception:
+            self.is_dead = True
+            raise
+        if scheduler_output.is_empty and self.scheduler.num_unfinished:
+            raise RuntimeError("the scheduler made no progress with requests pending; this is a bug")
+        accepted = self.decoding.accept(scheduler_output, runner_output)
+        updates = self.scheduler.update(scheduler_output, runner_output, accepted)
+        outputs, stopped = self.outputs.process(updates)
+        if stopped:
+            self.scheduler.finish(stopped, RequestStatus.FINISHED_STOPPED)
+        self.counters.generation_tokens += sum(len(u.new_token_ids) for u in updates)
+        self._count_finished(outputs)
+        return outputs
+
+    def _running_requests(self) -> list[Request]:
+        return [r for r in (self.scheduler.get(c) for c in self.outputs.parent_of) if r is not None]
+
+    def _count_finished(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            if output.finished:
+                for completion in output.outputs:
+                    reason = completion.finish_reason or "abort"
+                    self.counters.finished[reason] = self.counters.finished.get(reason, 0) + 1
+
+    def stats(self) -> SchedulerStats:
+        return self.scheduler.stats()
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()

@@ -1,0 +1,165 @@
+"""Turning per-sequence token updates into RequestOutputs: text, stop strings, n completions.
+
+Stop strings are found in the detokenized text; the last ``len(longest stop) - 1`` characters
+are held back from streaming until it is clear they do not start a stop string, so a client
+never sees part of one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from infer_core.engine.detokenizer import IncrementalDetokenizer
+from infer_core.interfaces import RequestStatus, RequestUpdate, TokenLogprobs
+from infer_core.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from infer_core.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class _Sequence:
+    """One completion being produced (one child request)."""
+
+    output: CompletionOutput
+    params: SamplingParams
+    detokenizer: IncrementalDetokenizer | None
+    num_emitted_chars: int = 0
+
+    @property
+    def holdback(self) -> int:
+        return max((len(s) for s in self.params.stop), default=1) - 1
+
+
+@dataclass(slots=True)
+class _Parent:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    sequences: dict[str, _Sequence]  # child request id -> sequence
+    metrics: RequestMetrics
+    num_cached_tokens: int = 0
+    finished_children: set[str] = field(default_factory=set)
+
+    def to_output(self) -> RequestOutput:
+        outputs = [s.output for s in sorted(self.sequences.values(), key=lambda s: s.output.index)]
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outputs,
+                             finished=len(self.finished_children) == len(self.sequences),
+                             num_cached_tokens=self.num_cached_tokens, metrics=self.metrics)
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.parents: dict[str, _Parent] = {}
+        self.parent_of: dict[str, str] = {}  # child id -> parent id
+
+    def add(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+            children: list[tuple[str, SamplingParams]], arrival_time: float) -> None:
+        sequences = {}
+        for index, (child_id, params) in enumerate(children):
+            detok = (IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
+                     if self.tokenizer is not None else None)
+            output = CompletionOutput(index, logprobs=[] if params.logprobs is not None else None)
+            sequences[child_id] = _Sequence(output, params, detok)
+            self.parent_of[child_id] = request_id
+        self.parents[request_id] = _Parent(request_id, prompt, prompt_token_ids, sequences, RequestMetrics(arrival_time))
+
+    def children_of(self, request_id: str) -> list[str]:
+        parent = self.parents.get(request_id)
+        return [] if parent is None else [c for c in parent.sequences if c not in parent.finished_children]
+
+    def _logprobs(self, entries: list[TokenLogprobs]) -> list[dict[int, Logprob]]:
+        decode = (lambda t: self.tokenizer.decode([t])) if self.tokenizer is not None else (lambda t: None)
+        result = []
+        for e in entries:
+            d = {e.token_id: Logprob(e.logprob, e.rank, decode(e.token_id))}
+            for rank, (tid, lp) in enumerate(zip(e.top_token_ids, e.top_logprobs), start=1):
+                d.setdefault(tid, Logprob(lp, rank, decode(tid)))
+            result.append(d)
+        return result
+
+    def _apply(self, seq: _Sequence, update: RequestUpdate) -> bool:
+        """Add the update's tokens and text; True when a stop string ended the sequence."""
+        out, params = seq.output, seq.params
+        out.token_ids.extend(update.new_token_ids)
+        out.delta_token_ids = list(update.new_token_ids)
+        if out.logprobs is not None and update.new_logprobs:
+            out.logprobs.extend(self._logprobs(update.new_logprobs))
+        stopped = False
+        if seq.detokenizer is not None:
+            previous_len = len(out.text)
+            out.text += seq.detokenizer.update(update.new_token_ids)
+            if params.stop:
+                stopped = self._find_stop(seq, previous_len)
+        if update.finished and not stopped:
+            out.finish_reason = update.request.status.finish_reason
+            out.stop_reason = update.request.stop_reason
+        upto = len(out.text) if out.finished else max(seq.num_emitted_chars, len(out.text) - seq.holdback)
+        out.delta_text = out.text[seq.num_emitted_chars : upto]
+        seq.num_emitted_chars = upto
+        return stopped and not update.finished
+
+    def _find_stop(self, seq: _Sequence, previous_len: int) -> bool:
+        out = seq.output
+        best: tuple[int, str] | None = None
+        for stop in seq.params.stop:
+            index = out.text.find(stop, max(0, previous_len - len(stop) + 1))
+            if index >= 0 and (best is None or index < best[0]):
+                best = (index, stop)
+        if best is None:
+            return False
+        index, stop = best
+        out.text = out.text[: index + (len(stop) if seq.params.include_stop_str_in_output else 0)]
+        out.finish_reason, out.stop_reason = "stop", stop
+        return True
+
+    def process(self, updates: list[RequestUpdate]) -> tuple[list[RequestOutput], list[str]]:
+        """RequestOutputs of the parents that progressed, and child ids a stop string ended."""
+        now = time.monotonic()
+        touched: dict[str, _Parent] = {}
+        stopped: list[str] = []
+        for update in updates:
+            child_id = update.request.request_id
+            parent = self.parents.get(self.parent_of.get(child_id, ""))
+            if parent is None:
+                continue
+            for seq in parent.sequences.values():
+                if parent.request_id not in touched:
+                    seq.output.delta_text, seq.output.delta_token_ids = "", []
+            seq = parent.sequences[child_id]
+            if self._apply(seq, update):
+                stopped.append(child_id)
+            if seq.output.finished:
+                parent.finished_children.add(child_id)
+            if parent.metrics.first_token_time is None and update.new_token_ids:
+                parent.metrics.first_token_time = now
+                parent.metrics.first_scheduled_time = update.request.first_scheduled_time
+                parent.num_cached_tokens = max(update.request.num_cached_tokens, 0)
+            if update.new_token_ids:
+                parent.metrics.last_token_time = now
+            touched[parent.request_id] = parent
+        return [self._finish_if_done(p, now) for p in touched.values()], stopped
+
+    def _finish_if_done(self, parent: _Parent, now: float) -> RequestOutput:
+        output = parent.to_output()
+        if output.finished:
+            parent.metrics.finished_time = now
+            self._forget(parent)
+        return output
+
+    def _forget(self, parent: _Parent) -> None:
+        self.parents.pop(parent.request_id, None)
+        for child_id in parent.sequences:
+            self.parent_of.pop(child_id, None)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Final output of an aborted request: unfinished completions end with "abort"."""
+        parent = self.parents.get(request_id)
+        if parent is None:
+            return None
+        for child_id, seq in parent.sequences.items():
+            seq.output.delta_text, seq.output.delta_token_ids = "", []
+            if not seq.output.finished:
+                seq.output.finish_reason = RequestStatus.FINISHED_ABORTED.finish_reason
+                parent.finished_children.add(child_id)
+        return self._finish_if_done(parent, time.monotonic())

@@ -1,0 +1,56 @@
+"""The contracts of every extension point. Plugins import from here; nothing here imports torch."""
+
+from infer_core.interfaces.attention import AttentionBackend, AttentionCapabilities, AttentionLayer, BatchMetadata
+from infer_core.interfaces.context import RuntimeContext
+from infer_core.interfaces.decoding import DecodingPolicy
+from infer_core.interfaces.kv import KVAllocator, KVStats, PrefixHit
+from infer_core.interfaces.parallel import (
+    Communicator,
+    Executor,
+    ParallelContext,
+    ParallelStrategy,
+    SingleRankCommunicator,
+)
+from infer_core.interfaces.quant import LinearMethod, Quantizer
+from infer_core.interfaces.request import Request, RequestStatus
+from infer_core.interfaces.scheduling import (
+    CachedRequestData,
+    NewRequestData,
+    RequestUpdate,
+    RunnerOutput,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutput,
+    SchedulerStats,
+    TokenLogprobs,
+)
+
+__all__ = [
+    "AttentionBackend",
+    "AttentionCapabilities",
+    "AttentionLayer",
+    "BatchMetadata",
+    "CachedRequestData",
+    "Communicator",
+    "DecodingPolicy",
+    "Executor",
+    "KVAllocator",
+    "KVStats",
+    "LinearMethod",
+    "NewRequestData",
+    "ParallelContext",
+    "ParallelStrategy",
+    "PrefixHit",
+    "Quantizer",
+    "Request",
+    "RequestStatus",
+    "RequestUpdate",
+    "RunnerOutput",
+    "RuntimeContext",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerOutput",
+    "SchedulerStats",
+    "SingleRankCommunicator",
+    "TokenLogprobs",
+]

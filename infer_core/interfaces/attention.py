@@ -1,0 +1,111 @@
+"""Attention backends: paged attention over the flat batch of one step."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from infer_core.interfaces.context import RuntimeContext
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionCapabilities:
+    """What a backend supports; the loader negotiates the KV block size from this."""
+
+    dtypes: tuple[str, ...] = ("float32", "float16", "bfloat16")
+    head_dims: tuple[int, ...] | None = None  # None: any head_dim
+    block_size_multiple: int = 1
+    default_block_size: int = 16
+    supports_sliding_window: bool = True
+    supports_cuda_graphs: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionLayer:
+    """The static description of one attention layer, passed to every ``forward`` call."""
+
+    layer_idx: int
+    num_heads: int  # query heads on this rank
+    num_kv_heads: int  # KV heads on this rank
+    head_dim: int
+    scale: float
+    sliding_window: int | None = None  # keys older than this many positions are not attended
+
+
+@dataclass(slots=True)
+class BatchMetadata:
+    """The step's batch in the form every attention kernel needs; built once per step.
+
+    Requests are ordered decode-only first: requests ``[0, num_decode_only)`` have exactly one
+    query token. Device tensors live on the model's device; ``*_cpu`` twins let host-side code
+    read lengths without a device sync.
+    """
+
+    num_reqs: int
+    num_tokens: int  # real tokens this step (the flat batch may be padded beyond this)
+    num_decode_only: int
+    max_query_len: int
+    max_seq_len: int
+    block_size: int
+    query_start_loc: torch.Tensor  # int32 [num_reqs + 1], cu_seqlens of the queries
+    seq_lens: torch.Tensor  # int32 [num_reqs], tokens in the cache after this step
+    block_tables: torch.Tensor  # int32 [num_reqs, max_blocks_per_req]
+    slot_mapping: torch.Tensor  # int32 [num_tokens], cache slot of each new token (-1: skip)
+    query_start_loc_cpu: torch.Tensor
+    seq_lens_cpu: torch.Tensor
+
+    @property
+    def context_lens_cpu(self) -> torch.Tensor:
+        """Tokens already in the cache before this step, per request."""
+        query_lens = self.query_start_loc_cpu[1:] - self.query_start_loc_cpu[:-1]
+        return self.seq_lens_cpu - query_lens
+
+
+class AttentionBackend(ABC):
+    """One implementation of paged attention.
+
+    Lifecycle: ``validate(ctx)`` (class method, may not import heavy dependencies), then
+    ``cls(ctx)``; each step ``build_metadata(common)`` once, then ``forward`` once per layer.
+    The KV cache of one layer is ``[2, num_blocks, block_size, num_kv_heads, head_dim]``.
+    """
+
+    @classmethod
+    def capabilities(cls, ctx: RuntimeContext) -> AttentionCapabilities:
+        return AttentionCapabilities()
+
+    @classmethod
+    def validate(cls, ctx: RuntimeContext) -> list[str]:
+        """Reasons this backend cannot run for ``ctx``; empty when it can."""
+        caps = cls.capabilities(ctx)
+        reasons = []
+        if ctx.dtype not in caps.dtypes:
+            reasons.append(f"dtype {ctx.dtype} is not supported (supported: {', '.join(caps.dtypes)})")
+        if caps.head_dims is not None and ctx.model.head_dim not in caps.head_dims:
+            supported = ", ".join(map(str, caps.head_dims))
+            reasons.append(f"head_dim {ctx.model.head_dim} is not supported (supported: {supported})")
+        if any(ctx.model.sliding_windows) and not caps.supports_sliding_window:
+            reasons.append("sliding-window attention is not supported")
+        return reasons
+
+    def __init__(self, ctx: RuntimeContext) -> None:
+        self.ctx = ctx
+
+    def build_metadata(self, common: BatchMetadata) -> Any:
+        """Derive backend-specific metadata once per step (default: use the common one)."""
+        return common
+
+    @abstractmethod
+    def forward(
+        self,
+        layer: AttentionLayer,
+        q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,
+        metadata: Any,
+    ) -> torch.Tensor:
+        """Write k/v into ``kv_cache`` at ``slot_mapping`` and return ``[num_tokens, num_heads, head_dim]``."""

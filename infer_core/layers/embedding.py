@@ -1,0 +1,60 @@
+"""Vocabulary-parallel token embedding and LM head.
+
+Each rank holds a contiguous slice of the (padded) vocabulary. The embedding zeroes tokens
+outside its slice and all-reduces; the LM head gathers its logits slice to rank 0 for sampling.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from infer_core.interfaces import ParallelContext
+
+PAD_MULTIPLE = 64
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, vocab_size: int, hidden_size: int, *, parallel: ParallelContext, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.parallel = parallel
+        world = parallel.world_size
+        multiple = PAD_MULTIPLE * world if world > 1 else 1
+        padded = -(-vocab_size // multiple) * multiple
+        self.num_per_rank = padded // world
+        self.vocab_start = parallel.rank * self.num_per_rank
+        self.vocab_end = min(self.vocab_start + self.num_per_rank, vocab_size)
+        self.weight = nn.Parameter(torch.empty(self.num_per_rank, hidden_size, dtype=dtype), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        rows = loaded[self.vocab_start : self.vocab_end]
+        param.data[: rows.shape[0]].copy_(rows)
+        param.data[rows.shape[0] :].zero_()
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.parallel.world_size == 1:
+            return F.embedding(input_ids, self.weight)
+        in_range = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)
+        local = torch.where(in_range, input_ids - self.vocab_start, 0)
+        out = F.embedding(local, self.weight) * in_range.unsqueeze(-1).to(self.weight.dtype)
+        return self.parallel.communicator.all_reduce(out)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Logits over this rank's vocabulary slice, gathered to rank 0 (other ranks get None)."""
+
+    def __init__(self, vocab_size, hidden_size, *, parallel, dtype, tied_to: VocabParallelEmbedding | None = None):
+        super().__init__(vocab_size, hidden_size, parallel=parallel, dtype=dtype)
+        if tied_to is not None:
+            self.weight = tied_to.weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        logits = F.linear(hidden, self.weight)
+        if self.parallel.world_size > 1:
+            logits = self.parallel.communicator.gather(logits, dst=0, dim=-1)
+            if logits is None:
+                return None
+        return logits[..., : self.vocab_size]

@@ -1,0 +1,319 @@
+"""The loader: plugins in, one resolved engine configuration out.
+
+Run once per process, the same way in every worker: a fresh pluggy manager, the built-ins
+registered as a plugin, then the installed entry points (``INFER_PLUGINS`` may restrict them),
+then each kind resolved by name with errors that list what is installed and why a choice cannot
+run here. Nothing is looked up by name after the engine starts.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.metadata
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import pluggy
+
+from infer_core import hookspecs
+from infer_core.config import KINDS, EngineConfig
+from infer_core.errors import PluginError, SettingsError
+from infer_core.interfaces import RuntimeContext
+from infer_core.settings import EngineSettings
+
+logger = logging.getLogger(__name__)
+
+CORE_DISTRIBUTION = "infer-core"
+BUILTIN_PLUGIN = "infer_core.builtin.plugin"
+
+
+@dataclass(frozen=True, slots=True)
+class KindInfo:
+    hook: str
+    label: str  # plural, for messages
+    setting: str | None  # the EngineSettings field that selects it
+
+
+KIND_INFO: dict[str, KindInfo] = {
+    "attention": KindInfo("register_attention_backends", "attention backends", "attention"),
+    "kv_allocator": KindInfo("register_kv_allocators", "KV allocators", "kv_allocator"),
+    "scheduler": KindInfo("register_schedulers", "schedulers", "scheduler"),
+    "quantization": KindInfo("register_quantizers", "quantizers", "quantization"),
+    "parallel": KindInfo("register_parallel_strategies", "parallel strategies", "parallel"),
+    "decoding": KindInfo("register_decoding_policies", "decoding policies", "decoding"),
+    "model": KindInfo("register_models", "model architectures", None),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Implementation:
+    """One registered implementation; its class is imported only by ``load``."""
+
+    kind: str
+    name: str
+    class_path: str
+    aliases: tuple[str, ...]
+    plugin: str  # entry-point name ("builtin" for the core's own)
+    distribution: str
+    version: str
+
+    def describe(self) -> str:
+        if self.distribution == CORE_DISTRIBUTION:
+            return f"{self.name} ({self.distribution})"
+        return f"{self.name} ({self.distribution} {self.version})"
+
+    def load(self) -> type:
+        module_name, _, attr = self.class_path.partition(":")
+        try:
+            return getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise PluginError(
+                f"{self.kind} {self.name!r} ({self.distribution}) cannot be imported from "
+                f"{self.class_path}: {e}"
+            ) from e
+
+    def reasons(self, ctx: RuntimeContext) -> list[str]:
+        """Why it cannot run for ``ctx`` (import failures included); empty when it can."""
+        try:
+            cls = self.load()
+        except PluginError as e:
+            return [str(e.__cause__ or e)]
+        validate = getattr(cls, "validate", None)
+        return list(validate(ctx)) if validate else []
+
+
+@dataclass(slots=True)
+class Catalog:
+    """Every implementation the installed plugins registered, by kind and by name or alias."""
+
+    plugin_manager: pluggy.PluginManager
+    plugins: dict[str, tuple[str, str]]  # plugin name -> (distribution, version)
+    by_kind: dict[str, dict[str, Implementation]] = field(default_factory=dict)
+
+    def implementations(self, kind: str) -> list[Implementation]:
+        unique = {id(i): i for i in self.by_kind.get(kind, {}).values()}
+        return sorted(unique.values(), key=lambda i: i.name)
+
+    def get(self, kind: str, name: str) -> Implementation | None:
+        return self.by_kind.get(kind, {}).get(_key(kind, name))
+
+    def load_class(self, kind: str, name: str) -> type:
+        impl = self.get(kind, name)
+        if impl is None:
+            raise self.unknown(kind, name)
+        return impl.load()
+
+    def unknown(self, kind: str, name: str) -> PluginError:
+        info = KIND_INFO[kind]
+        impls = self.implementations(kind)
+        installed = ", ".join(i.describe() for i in impls) or "none"
+        known = sorted(self.by_kind.get(kind, {}))
+        match = difflib.get_close_matches(_key(kind, name), known, n=1, cutoff=0.5)
+        hint = f" Did you mean {match[0]!r}?" if match else ""
+        if info.setting is None:
+            return PluginError(f"architecture {name!r} is not supported. Supported {info.label}: {installed}.{hint}")
+        var = f"INFER_{info.setting.upper()}"
+        return PluginError(f"{var}={name!r} is not installed. Installed {info.label}: {installed}.{hint}")
+
+    def resolve(self, kind: str, name: str, ctx: RuntimeContext) -> Implementation:
+        """The implementation called ``name``; PluginError if unknown or unable to run here."""
+        impl = self.get(kind, name)
+        if impl is None:
+            raise self.unknown(kind, name)
+        reasons = impl.reasons(ctx)
+        if reasons:
+            label = "attention" if kind == "attention" else kind.replace("_", " ")
+            runnable = [i.name for i in self.implementations(kind) if i is not impl and not i.reasons(ctx)]
+            alternatives = f" {KIND_INFO[kind].label.capitalize()} that can run here: {', '.join(runnable)}." if runnable else ""
+            raise PluginError(f"{label} {impl.name!r} cannot run here: {'; '.join(reasons)}.{alternatives}")
+        return impl
+
+
+def _key(kind: str, name: str) -> str:
+    """Names are case-insensitive, except architectures, which are HF class names."""
+    return name if kind == "model" else name.lower()
+
+
+def _entry_points(allowed: list[str] | None) -> list[importlib.metadata.EntryPoint]:
+    eps = list(importlib.metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP))
+    if allowed is None:
+        return eps
+    names = {ep.name for ep in eps}
+    missing = [n for n in allowed if n not in names]
+    if missing:
+        raise SettingsError(
+            f"INFER_PLUGINS names {', '.join(missing)}, which is not installed; "
+            f"installed plugins: {', '.join(sorted(names)) or 'none'}"
+        )
+    return [ep for ep in eps if ep.name in allowed]
+
+
+def create_plugin_manager(allowed: list[str] | None = None) -> tuple[pluggy.PluginManager, dict[str, tuple[str, str]]]:
+    """A fresh manager with the built-ins and the (allowed) installed plugins registered."""
+    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    core_version = _version(CORE_DISTRIBUTION)
+    pm.register(importlib.import_module(BUILTIN_PLUGIN), name="builtin")
+    plugins = {"builtin": (CORE_DISTRIBUTION, core_version)}
+    for ep in _entry_points(allowed):
+        if pm.has_plugin(ep.name):
+            continue
+        try:
+            module = ep.load()
+        except Exception as e:
+            raise PluginError(f"plugin {ep.name!r} ({ep.value}) failed to load: {e}") from e
+        pm.register(module, name=ep.name)
+        dist = ep.dist
+        plugins[ep.name] = (dist.metadata["Name"], dist.version) if dist else (ep.name, "?")
+    pm.check_pending()
+    return pm, plugins
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "0+local"
+
+
+def load_catalog(allowed: list[str] | None = None) -> Catalog:
+    """Collect every implementation, remembering which plugin (and distribution) registered it."""
+    pm, plugins = create_plugin_manager(allowed)
+    catalog = Catalog(pm, plugins)
+    all_plugins = pm.get_plugins()
+    for plugin_name, plugin in pm.list_name_plugin():
+        if plugin is None:
+            continue
+        others = [p for p in all_plugins if p is not plugin]
+        dist, version = plugins.get(plugin_name, (plugin_name, "?"))
+        for kind, info in KIND_INFO.items():
+            registry = catalog.by_kind.setdefault(kind, {})
+
+            def register(name: str, class_path: str, *, aliases: tuple[str, ...] = (), _kind=kind, _reg=registry):
+                impl = Implementation(_kind, _key(_kind, name), class_path, tuple(_key(_kind, a) for a in aliases),
+                                      plugin_name, dist, version)
+                for key in (impl.name, *impl.aliases):
+                    if key in _reg and _reg[key].plugin != plugin_name:
+                        raise PluginError(
+                            f"{_kind} {key!r} is registered twice: by {_reg[key].distribution} and by {dist}; "
+                            f"uninstall one or restrict INFER_PLUGINS"
+                        )
+                    _reg[key] = impl
+
+            pm.subset_hook_caller(info.hook, remove_plugins=others)(register=register)
+    return catalog
+
+
+def runtime_probe() -> tuple[int, tuple[int, int] | None]:
+    """(number of CUDA devices, capability of device 0) without initialising kernels libraries."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0, None
+    return torch.cuda.device_count(), torch.cuda.get_device_capability(0)
+
+
+def pick_device(requested: str, num_gpus: int) -> str:
+    if requested == "cuda" and num_gpus == 0:
+        raise SettingsError("INFER_DEVICE=cuda but CUDA is not available here; use INFER_DEVICE=cpu or auto")
+    if requested == "auto":
+        return "cuda" if num_gpus else "cpu"
+    return requested
+
+
+def pick_dtype(requested: str, device: str, checkpoint_dtype: str | None) -> str:
+    """float32 on CPU by default; on CUDA the checkpoint's half type, bfloat16 otherwise."""
+    if requested != "auto":
+        if device == "cpu" and requested == "float16":
+            raise SettingsError("float16 is not supported on the CPU; use INFER_DTYPE=float32 or bfloat16")
+        return requested
+    if device == "cpu":
+        return "float32"
+    return checkpoint_dtype if checkpoint_dtype in ("bfloat16", "float16") else "bfloat16"
+
+
+def choose_names(settings: EngineSettings, catalog: Catalog, ctx: RuntimeContext) -> dict[str, str]:
+    """The chosen name of each kind: the setting, or the default rule when unset."""
+    names = {kind: getattr(settings, kind) for kind in KINDS}
+    if names["attention"] is None:
+        names["attention"] = catalog.plugin_manager.hook.default_attention_backend(ctx=ctx) or "torch"
+    if names["parallel"] is None:
+        names["parallel"] = "tp" if settings.tensor_parallel_size > 1 else "single"
+    if names["quantization"] is None:
+        quant = ctx.model.raw.get("quantization_config", {}).get("quant_method")
+        names["quantization"] = quant if quant and quant != "gguf" else "none"
+    return names
+
+
+def negotiate_block_size(settings: EngineSettings, attention: type, ctx: RuntimeContext, name: str) -> int:
+    caps = attention.capabilities(ctx)
+    if settings.block_size is None:
+        return caps.default_block_size
+    if settings.block_size % caps.block_size_multiple:
+        raise SettingsError(
+            f"INFER_BLOCK_SIZE={settings.block_size} is not supported by attention {name!r}: it needs a "
+            f"multiple of {caps.block_size_multiple}; unset INFER_BLOCK_SIZE or pick a multiple"
+        )
+    return settings.block_size
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """The assembled engine, as ``engine_configured`` observers and ``/v1/plugins`` see it."""
+
+    config: EngineConfig
+    catalog: Catalog
+    chosen: dict[str, Implementation]
+    context: RuntimeContext
+
+
+def assemble(settings: EngineSettings, catalog: Catalog | None = None) -> EngineSpec:
+    """Resolve the model, device, dtype and one implementation of every kind."""
+    from infer_core.models.source import read_generation_config, read_model_config, resolve_model_source
+
+    catalog = catalog or load_catalog(settings.plugins)
+    source = resolve_model_source(settings.model)
+    model = read_model_config(source)
+    catalog.resolve("model", model.architecture, _placeholder_ctx(settings, model))
+    num_gpus, capability = runtime_probe()
+    device = pick_device(settings.device, num_gpus)
+    dtype = pick_dtype(settings.dtype, device, model.torch_dtype)
+    ctx = RuntimeContext(device, dtype, model, settings, capability if device == "cuda" else None, num_gpus,
+                         os.environ.get("TRITON_INTERPRET") == "1")
+    names = choose_names(settings, catalog, ctx)
+    chosen = {kind: catalog.resolve(kind, names[kind], ctx) for kind in KINDS}
+    chosen["model"] = catalog.get("model", model.architecture)
+    block_size = negotiate_block_size(settings, chosen["attention"].load(), ctx, names["attention"])
+    max_model_len = settings.max_model_len or model.max_position_embeddings
+    if max_model_len > model.max_position_embeddings:
+        raise SettingsError(
+            f"INFER_MAX_MODEL_LEN={max_model_len} exceeds the model's max_position_embeddings "
+            f"({model.max_position_embeddings}); lower it"
+        )
+    extra_eos, generation_defaults = read_generation_config(source)
+    config = EngineConfig(
+        settings=settings, source=source, model=model, device=device, dtype=dtype, block_size=block_size,
+        max_model_len=max_model_len, implementations={k: chosen[k].name for k in KINDS},
+        load_format=_load_format(settings.load_format, source),
+        eos_token_ids=tuple(dict.fromkeys(model.eos_token_ids + extra_eos)),
+        generation_defaults=generation_defaults,
+    )
+    spec = EngineSpec(config, catalog, chosen, ctx)
+    logger.info("engine: %s", ", ".join(f"{k}={chosen[k].name}" for k in KINDS))
+    catalog.plugin_manager.hook.engine_configured(spec=spec)
+    return spec
+
+
+def _placeholder_ctx(settings: EngineSettings, model: Any) -> RuntimeContext:
+    return RuntimeContext("cpu", "float32", model, settings)
+
+
+def _load_format(requested: str, source: Any) -> str:
+    if requested != "auto":
+        if requested == "gguf" and source.gguf_file is None:
+            raise SettingsError("INFER_LOAD_FORMAT=gguf but the model is not a .gguf file")
+        return requested
+    return "gguf" if source.gguf_file else "safetensors"

@@ -1,0 +1,1 @@
+"""Model architectures, their configs, and weight loading."""

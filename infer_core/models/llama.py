@@ -1,0 +1,162 @@
+"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2/2.5, Qwen3) over a flat batch of tokens.
+
+Differences between the family members are config flags: q/k/v bias (Qwen2), q/k RMSNorm
+(Qwen3), sliding windows (Mistral), rope scaling (Llama 3.x), tied embeddings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from infer_core.interfaces import AttentionLayer
+from infer_core.layers.activation import SiluAndMul
+from infer_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from infer_core.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from infer_core.layers.norm import RMSNorm
+from infer_core.layers.rotary import RotaryEmbedding
+from infer_core.models.build import BuildContext
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, ctx: BuildContext, layer_idx: int, rotary: RotaryEmbedding, prefix: str) -> None:
+        super().__init__()
+        c = ctx.config
+        self.qkv_proj = QKVParallelLinear(c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads, bias=c.qkv_bias,
+                                          **ctx.linear_kw(f"{prefix}.qkv_proj"))
+        self.o_proj = RowParallelLinear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_bias,
+                                        **ctx.linear_kw(f"{prefix}.o_proj"))
+        heads, kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.q_size, self.kv_size = heads * c.head_dim, kv_heads * c.head_dim
+        if c.qk_norm:
+            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype=ctx.dtype)
+            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype=ctx.dtype)
+        self.qk_norm = c.qk_norm
+        self.rotary = rotary
+        self.backend = ctx.attention
+        self.layer = AttentionLayer(layer_idx, heads, kv_heads, c.head_dim, c.head_dim**-0.5,
+                                    c.sliding_window(layer_idx))
+
+    def forward(self, positions, hidden, kv_cache, attn_metadata):
+        num_tokens = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        head_dim = self.layer.head_dim
+        q = q.reshape(num_tokens, -1, head_dim)
+        k = k.reshape(num_tokens, -1, head_dim)
+        v = v.reshape(num_tokens, -1, head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        out = self.backend.forward(self.layer, q, k, v, kv_cache, attn_metadata)
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, ctx: BuildContext, prefix: str) -> None:
+        super().__init__()
+        c = ctx.config
+        self.gate_up_proj = MergedColumnParallelLinear(c.hidden_size, [c.intermediate_size] * 2, bias=c.mlp_bias,
+                                                       **ctx.linear_kw(f"{prefix}.gate_up_proj"))
+        self.down_proj = RowParallelLinear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias,
+                                           **ctx.linear_kw(f"{prefix}.down_proj"))
+        self.act = SiluAndMul()
+
+    def forward(self, x):
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, ctx: BuildContext, layer_idx: int, rotary: RotaryEmbedding, prefix: str) -> None:
+        super().__init__()
+        c = ctx.config
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=ctx.dtype)
+        self.self_attn = LlamaAttention(ctx, layer_idx, rotary, f"{prefix}.self_attn")
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=ctx.dtype)
+        self.mlp = LlamaMLP(ctx, f"{prefix}.mlp")
+
+    def forward(self, positions, hidden, residual, kv_cache, attn_metadata):
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, kv_cache, attn_metadata)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, ctx: BuildContext) -> None:
+        super().__init__()
+        c = ctx.config
+        self.embed_tokens = VocabParallelEmbedding(c.vocab_size, c.hidden_size, parallel=ctx.parallel, dtype=ctx.dtype)
+        rotary = RotaryEmbedding(c.head_dim, c.rope, max(ctx.max_model_len, 1), c.max_position_embeddings)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(ctx, i, rotary, f"model.layers.{i}") for i in range(c.num_layers)
+        )
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=ctx.dtype)
+
+    def forward(self, input_ids, positions, kv_caches, attn_metadata):
+        hidden = self.embed_tokens(input_ids)
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden, residual = layer(positions, hidden, residual, kv_cache, attn_metadata)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+# checkpoint name fragment -> (our fused parameter fragment, shard id)
+_FUSED = {
+    ".q_proj.": (".qkv_proj.", "q"),
+    ".k_proj.": (".qkv_proj.", "k"),
+    ".v_proj.": (".qkv_proj.", "v"),
+    ".gate_proj.": (".gate_up_proj.", 0),
+    ".up_proj.": (".gate_up_proj.", 1),
+}
+
+
+class LlamaForCausalLM(nn.Module):
+    """Entry point the runner uses: ``forward`` → hidden states, ``compute_logits``, ``load_weights``."""
+
+    def __init__(self, ctx: BuildContext) -> None:
+        super().__init__()
+        self.config = ctx.config
+        self.model = LlamaModel(ctx)
+        tied = self.model.embed_tokens if ctx.config.tie_word_embeddings else None
+        self.lm_head = ParallelLMHead(ctx.config.vocab_size, ctx.config.hidden_size, parallel=ctx.parallel,
+                                      dtype=ctx.dtype, tied_to=tied)
+
+    def forward(self, input_ids, positions, kv_caches, attn_metadata) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, attn_metadata)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Logits over the whole vocabulary on rank 0; None on other ranks."""
+        return self.lm_head(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy checkpoint tensors (HF names) into the fused, sharded parameters; return names loaded."""
+        params = dict(self.named_parameters(remove_duplicate=False))
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            target, shard_id = name, None
+            for fragment, (fused, shard) in _FUSED.items():
+                if fragment in name:
+                    target, shard_id = name.replace(fragment, fused), shard
+                    break
+            param = params.get(target)
+            if param is None:
+                raise KeyError(f"checkpoint tensor {name!r} has no matching parameter ({target!r})")
+            loader = getattr(param, "weight_loader", None)
+            if loader is None:
+                param.data.copy_(tensor.to(param.dtype))
+            else:
+                loader(param, tensor, shard_id)
+            loaded.add(target)
+        return loaded

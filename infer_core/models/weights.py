@@ -1,0 +1,80 @@
+"""Reading weights: sharded safetensors (one tensor in memory at a time), GGUF, or dummy values."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from infer_core.config import ModelSource
+from infer_core.errors import ModelError
+
+logger = logging.getLogger(__name__)
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [folder / n for n in names]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelError(f"no *.safetensors files in {folder}; use INFER_LOAD_FORMAT=dummy for random weights")
+    return files
+
+
+def iterate_safetensors(folder: Path, show_progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) from every shard; the files are memory-mapped, one tensor read at a time."""
+    from safetensors import safe_open
+
+    files = safetensors_files(folder)
+    for path in tqdm(files, desc="Loading safetensors shards", disable=not show_progress or len(files) < 2):
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def iterate_gguf(source: ModelSource) -> Iterator[tuple[str, torch.Tensor]]:
+    """Dequantized GGUF tensors under HF names, through transformers' GGUF reader."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    hf_config = AutoConfig.from_pretrained(str(source.path), gguf_file=source.gguf_file)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(hf_config)  # names only: maps GGUF -> HF names
+    parsed = load_gguf_checkpoint(str(source.gguf_path), return_tensors=True, model_to_load=skeleton)
+    yield from parsed["tensors"].items()
+
+
+def init_dummy_weights(model: nn.Module, seed: int) -> None:
+    """Random values at the real shapes: N(0, 0.02) for matrices, 1 for norm weights, 0 for biases."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.data.fill_(1.0)
+        elif name.endswith(".bias"):
+            param.data.zero_()
+        elif param.is_floating_point():
+            values = torch.empty(param.shape, dtype=torch.float32).normal_(0, 0.02, generator=generator)
+            param.data.copy_(values.to(param.dtype))
+
+
+def load_model_weights(model: nn.Module, source: ModelSource, load_format: str, seed: int) -> None:
+    """Fill every parameter of ``model``; a checkpoint that misses one is an error naming it."""
+    if load_format == "dummy":
+        init_dummy_weights(model, seed)
+    else:
+        weights = iterate_gguf(source) if load_format == "gguf" else iterate_safetensors(source.path)
+        loaded = model.load_weights(weights)
+        missing = sorted(set(dict(model.named_parameters())) - loaded)
+        if missing:
+            raise ModelError(f"the checkpoint lacks {len(missing)} weights, e.g. {', '.join(missing[:5])}")
+    for module in model.modules():
+        method = getattr(module, "method", None)
+        if method is not None:
+            method.process_after_load(module)

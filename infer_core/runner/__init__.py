@@ -1,0 +1,1 @@
+"""The model runner: step inputs, KV cache tensors, forward pass and sampling on one rank."""

@@ -1,0 +1,47 @@
+"""Sizing and allocating the paged KV cache of one rank."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+GiB = 1 << 30
+DEFAULT_CPU_KV_GB = 2.0
+
+
+def block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Bytes of one block across all layers, K and V."""
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
+
+
+def cpu_num_blocks(kv_cache_gb: float | None, bytes_per_block: int, max_useful_blocks: int) -> int:
+    """On the CPU: the configured GiB (default 2), never more blocks than could ever be used."""
+    budget = (kv_cache_gb or DEFAULT_CPU_KV_GB) * GiB
+    return max(1, min(int(budget // bytes_per_block), max_useful_blocks))
+
+
+def cuda_num_blocks(utilization: float, kv_cache_gb: float | None, bytes_per_block: int, device: torch.device) -> int:
+    """On CUDA, after a profiling forward: what ``utilization`` of the GPU leaves for KV blocks."""
+    if kv_cache_gb is not None:
+        return int(kv_cache_gb * GiB // bytes_per_block)
+    free, total = torch.cuda.mem_get_info(device)
+    transient = torch.cuda.max_memory_allocated(device) - torch.cuda.memory_allocated(device)
+    budget = utilization * total - (total - free) - transient
+    logger.info(
+        "memory profile: %.2f GiB total, %.2f GiB in use after weights, %.2f GiB peak activations; %.2f GiB for KV",
+        total / GiB, (total - free) / GiB, transient / GiB, max(budget, 0) / GiB,
+    )
+    return max(0, int(budget // bytes_per_block))
+
+
+def allocate_kv_caches(
+    num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+    dtype: torch.dtype, device: torch.device,
+) -> list[torch.Tensor]:
+    """One zeroed tensor per layer, ``[2, num_blocks, block_size, num_kv_heads, head_dim]``."""
+    shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
+    storage = torch.zeros(shape, dtype=dtype, device=device)
+    return list(storage.unbind(0))

@@ -1,0 +1,148 @@
+"""ModelRunner: builds the model on this rank, owns its KV cache, and runs one step at a time."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from infer_core.config import EngineConfig
+from infer_core.interfaces import (
+    NewRequestData,
+    ParallelContext,
+    RunnerOutput,
+    RuntimeContext,
+    SchedulerOutput,
+    TokenLogprobs,
+)
+from infer_core.layers.sampler import SamplerOutput, sample
+from infer_core.loader import Catalog
+from infer_core.models.build import BuildContext
+from infer_core.models.weights import load_model_weights
+from infer_core.runner.inputs import StepInputs, build_step_inputs
+from infer_core.runner.kv_cache import allocate_kv_caches, block_bytes, cpu_num_blocks, cuda_num_blocks
+from infer_core.runner.sampling_inputs import build_sampling_batch
+from infer_core.runner.state import RequestState, apply_scheduler_output
+from infer_core.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, parallel: ParallelContext, device: torch.device, catalog: Catalog) -> None:
+        self.config = config
+        self.parallel = parallel
+        self.device = device
+        self.dtype = DTYPES[config.dtype]
+        self.ctx = RuntimeContext(config.device, config.dtype, config.model, config.settings,
+                                  torch.cuda.get_device_capability(device) if device.type == "cuda" else None,
+                                  torch.cuda.device_count() if device.type == "cuda" else 0)
+        names = config.implementations
+        self.attention = catalog.load_class("attention", names["attention"])(self.ctx)
+        self.quantizer = catalog.load_class("quantization", names["quantization"])(self.ctx)
+        self.model_class = catalog.load_class("model", config.model.architecture)
+        self.model: torch.nn.Module | None = None
+        self.kv_caches: list[torch.Tensor] = []
+        self.requests: dict[str, RequestState] = {}
+
+    @property
+    def num_kv_heads(self) -> int:
+        """KV heads on this rank (split over ranks, or one replicated head)."""
+        return max(1, self.config.model.num_kv_heads // self.parallel.world_size)
+
+    def load_model(self) -> None:
+        start = time.perf_counter()
+        build = BuildContext(self.config.model, self.parallel, self.quantizer, self.attention, self.dtype,
+                             self.config.max_model_len)
+        with torch.device(self.device):
+            model = self.model_class(build)
+        load_model_weights(model, self.config.source, self.config.load_format, self.config.settings.seed)
+        self.model = model.eval()
+        logger.info("model %s loaded on %s (%s, %s) in %.1f s", self.config.model.architecture, self.device,
+                    self.config.dtype, self.config.load_format, time.perf_counter() - start)
+
+    def bytes_per_block(self) -> int:
+        m = self.config.model
+        return block_bytes(m.num_layers, self.config.block_size, self.num_kv_heads, m.head_dim, self.dtype)
+
+    def profile_num_blocks(self) -> int:
+        """KV blocks that fit on this rank (after a max-size dummy step on CUDA)."""
+        s = self.config.settings
+        per_seq = -(-self.config.max_model_len // self.config.block_size)
+        if self.device.type != "cuda":
+            return cpu_num_blocks(s.kv_cache_gb, self.bytes_per_block(), s.max_num_seqs * per_seq + 1)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self._dummy_step()
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        return cuda_num_blocks(s.gpu_memory_utilization, s.kv_cache_gb, self.bytes_per_block(), self.device)
+
+    def _dummy_step(self) -> None:
+        """One forward + sampling at the largest step the scheduler may produce."""
+        s = self.config.settings
+        num_tokens = min(s.max_num_batched_tokens, s.max_num_seqs * self.config.max_model_len)
+        num_reqs = min(s.max_num_seqs, num_tokens)
+        per_req = [num_tokens // num_reqs + (1 if i < num_tokens % num_reqs else 0) for i in range(num_reqs)]
+        block_size = self.config.block_size
+        blocks_needed = [-(-n // block_size) for n in per_req]
+        self.kv_caches = allocate_kv_caches(self.config.model.num_layers, sum(blocks_needed), block_size,
+                                            self.num_kv_heads, self.config.model.head_dim, self.dtype, self.device)
+        output = SchedulerOutput()
+        next_block = 0
+        for i, n in enumerate(per_req):
+            ids = list(range(next_block, next_block + blocks_needed[i]))
+            next_block += blocks_needed[i]
+            rid = f"profile-{i}"
+            output.new_requests.append(NewRequestData(rid, [0] * n, n, SamplingParams(temperature=1.0), ids, 0))
+            output.num_scheduled_tokens[rid] = n
+        self.execute(output)
+        self.requests.clear()
+        self.kv_caches = []
+
+    def init_kv_cache(self, num_blocks: int) -> None:
+        m = self.config.model
+        self.kv_caches = allocate_kv_caches(m.num_layers, num_blocks, self.config.block_size, self.num_kv_heads,
+                                            m.head_dim, self.dtype, self.device)
+
+    @torch.inference_mode()
+    def execute(self, output: SchedulerOutput) -> RunnerOutput:
+        apply_scheduler_output(self.requests, output)
+        if output.is_empty:
+            return RunnerOutput()
+        inputs = build_step_inputs(output, self.requests, self.config.block_size, self.device)
+        metadata = self.attention.build_metadata(inputs.metadata)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, metadata)
+        sampled: list[list[int]] = [[] for _ in inputs.request_ids]
+        logprobs: list[list[TokenLogprobs] | None] = [None for _ in inputs.request_ids]
+        if not inputs.sample_rows:
+            return RunnerOutput(inputs.request_ids, sampled, logprobs)
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        if logits is None:  # not the rank that samples
+            return RunnerOutput(inputs.request_ids, sampled, logprobs)
+        states = [self.requests[inputs.request_ids[row]] for row in inputs.sample_rows]
+        batch = build_sampling_batch(states, self.config.model.vocab_size, self.config.eos_token_ids, self.device)
+        result = sample(logits, batch)
+        self._collect(inputs, states, result, sampled, logprobs)
+        return RunnerOutput(inputs.request_ids, sampled, logprobs)
+
+    def _collect(self, inputs: StepInputs, states, result: SamplerOutput, sampled, logprobs) -> None:
+        """Move the step's samples to the host (one copy per tensor) and group them per request."""
+        token_ids = result.token_ids.tolist()
+        has_logprobs = result.logprob is not None
+        if has_logprobs:
+            token_lp, ranks = result.logprob.tolist(), result.rank.tolist()
+            top_ids = result.top_ids.tolist() if result.top_ids is not None else None
+            top_lp = result.top_logprobs.tolist() if result.top_logprobs is not None else None
+        for i, row in enumerate(inputs.sample_rows):
+            sampled[row].append(token_ids[i])
+            wanted = states[i].sampling_params.logprobs
+            if has_logprobs and wanted is not None:
+                entry = TokenLogprobs(token_ids[i], token_lp[i], ranks[i],
+                                      top_ids[i][:wanted] if top_ids else [], top_lp[i][:wanted] if top_lp else [])
+                if logprobs[row] is None:
+                    logprobs[row] = []
+                logprobs[row].append(entry)

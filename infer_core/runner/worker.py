@@ -1,0 +1,37 @@
+"""Worker: one rank's process-level setup (device, seeds, plugins) around a ModelRunner."""
+
+from __future__ import annotations
+
+import torch
+
+from infer_core.config import EngineConfig
+from infer_core.interfaces import ParallelContext, RunnerOutput, SchedulerOutput
+from infer_core.loader import load_catalog
+from infer_core.runner.model_runner import ModelRunner
+
+
+class Worker:
+    def __init__(self, config: EngineConfig, parallel: ParallelContext, local_device: int | None = None) -> None:
+        if config.device == "cuda":
+            self.device = torch.device("cuda", parallel.rank if local_device is None else local_device)
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = torch.device("cpu")
+        torch.manual_seed(config.settings.seed)  # unseeded sampling is reproducible run to run
+        catalog = load_catalog(config.settings.plugins)  # each process runs the loader itself
+        self.runner = ModelRunner(config, parallel, self.device, catalog)
+
+    def start(self) -> int:
+        """Load the model; return the KV blocks this rank can hold."""
+        self.runner.load_model()
+        return self.runner.profile_num_blocks()
+
+    def init_kv_cache(self, num_blocks: int) -> None:
+        self.runner.init_kv_cache(num_blocks)
+
+    def execute(self, output: SchedulerOutput) -> RunnerOutput:
+        return self.runner.execute(output)
+
+    def shutdown(self) -> None:
+        self.runner.kv_caches = []
+        self.runner.model = None
