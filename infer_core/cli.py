@@ -1,0 +1,176 @@
+"""The ``infer`` command: generate, chat, serve, plugins, config.
+
+Every engine setting is also a flag (``--max-num-seqs 64``); flags beat INFER_* variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import types
+import typing
+from typing import Any
+
+from infer_core.errors import InferError
+from infer_core.settings import EngineSettings
+
+_SERVER_ONLY = {"host", "port", "served_model_name", "max_queued_requests", "api_key"}
+
+
+def _flag_type(annotation: Any):
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    base = args[0] if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union else annotation
+    if typing.get_origin(base) is typing.Annotated:
+        base = typing.get_args(base)[0]
+    if typing.get_origin(base) is typing.Literal:
+        return str, list(typing.get_args(base))
+    if typing.get_origin(base) is list:
+        return str, None
+    return (base if base in (int, float, str, bool) else str), None
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser, include_server: bool = False) -> None:
+    """One ``--flag`` per EngineSettings field; unset flags do not override the environment."""
+    group = parser.add_argument_group("engine settings (also INFER_<NAME> variables)")
+    for name, field in EngineSettings.model_fields.items():
+        if name in _SERVER_ONLY and not include_server:
+            continue
+        flag = "--" + name.replace("_", "-")
+        kind, choices = _flag_type(field.annotation)
+        help_text = field.description or ""
+        if kind is bool:
+            group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                               help=help_text)
+        else:
+            group.add_argument(flag, dest=name, type=kind, choices=choices, default=argparse.SUPPRESS,
+                               metavar=name.upper(), help=help_text)
+
+
+def settings_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: v for k, v in vars(args).items() if k in EngineSettings.model_fields}
+
+
+def _sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("sampling")
+    group.add_argument("--max-tokens", type=int, default=256)
+    group.add_argument("--temperature", type=float, default=0.0)
+    group.add_argument("--top-p", type=float, default=1.0)
+    group.add_argument("--top-k", type=int, default=0)
+    group.add_argument("--sampling-seed", type=int, default=None, help="seed of this request's sampling")
+
+
+def _sampling_params(args):
+    from infer_core.sampling_params import SamplingParams
+
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                          top_k=args.top_k, seed=args.sampling_seed)
+
+
+def cmd_generate(args) -> int:
+    from infer_core.llm import LLM
+
+    llm = LLM(**settings_kwargs(args))
+    params = _sampling_params(args)
+    for prompt in args.prompt:
+        if args.chat:
+            output = llm.chat([{"role": "user", "content": prompt}], params, use_tqdm=False)[0]
+        else:
+            output = llm.generate(prompt, params, use_tqdm=False)[0]
+        print(output.outputs[0].text)
+    llm.shutdown()
+    return 0
+
+
+def cmd_chat(args) -> int:
+    """An interactive conversation on the terminal; an empty line or EOF ends it."""
+    from infer_core.llm import LLM
+
+    llm = LLM(**settings_kwargs(args))
+    params = _sampling_params(args)
+    messages: list[dict[str, str]] = []
+    while True:
+        try:
+            line = input("> ").strip()
+        except EOFError:
+            break
+        if not line:
+            break
+        messages.append({"role": "user", "content": line})
+        answer = llm.chat(messages, params, use_tqdm=False)[0].outputs[0].text
+        messages.append({"role": "assistant", "content": answer})
+        print(answer)
+    llm.shutdown()
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from infer_core.server.main import serve
+
+    serve(settings_kwargs(args))
+    return 0
+
+
+def cmd_plugins(args) -> int:
+    from infer_core.plugins_report import plugins_report
+
+    print(plugins_report(settings_kwargs(args)))
+    return 0
+
+
+def cmd_config(args) -> int:
+    from infer_core.settings import describe_sources, load_settings
+
+    explicit = settings_kwargs(args)
+    settings = load_settings(**explicit)
+    rows = describe_sources(settings, explicit)
+    width = max(len(name) for name, _, _ in rows)
+    for name, value, source in rows:
+        print(f"{name:<{width}}  {value!s:<28} ({source})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="infer", description="A plugin-based LLM inference engine.")
+    parser.add_argument("--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("generate", help="complete prompts with the model and print the text")
+    p.add_argument("prompt", nargs="+")
+    p.add_argument("--chat", action="store_true", help="send each prompt as a user message through the chat template")
+    _sampling_arguments(p)
+    add_settings_arguments(p)
+    p.set_defaults(handler=cmd_generate)
+
+    p = sub.add_parser("chat", help="talk to the model on the terminal")
+    _sampling_arguments(p)
+    add_settings_arguments(p)
+    p.set_defaults(handler=cmd_chat)
+
+    p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    add_settings_arguments(p, include_server=True)
+    p.set_defaults(handler=cmd_serve)
+
+    p = sub.add_parser("plugins", help="list every implementation of every kind and whether it can run here")
+    add_settings_arguments(p)
+    p.set_defaults(handler=cmd_plugins)
+
+    p = sub.add_parser("config", help="print the effective settings and where each came from")
+    add_settings_arguments(p, include_server=True)
+    p.set_defaults(handler=cmd_config)
+
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.handler(args)
+    except InferError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

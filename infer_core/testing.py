@@ -1,0 +1,53 @@
+"""Test helpers every suite may use (the core's and the plugins'): tiny real checkpoints.
+
+``make_tiny_checkpoint`` writes a random model of a supported architecture as a real HF
+checkpoint (config.json + safetensors + a small tokenizer-free folder), so tests exercise the
+same loading path as a downloaded model and can compare with transformers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+# Shapes small enough for the CPU, with GQA (4 query heads per KV head pair) and 2 layers.
+_BASE: dict[str, Any] = dict(
+    vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-6, initializer_range=0.08,
+    bos_token_id=1, eos_token_id=2, pad_token_id=0,
+)
+
+TINY_ARCHITECTURES: dict[str, dict[str, Any]] = {
+    # Llama 3.x: llama3 rope scaling, untied embeddings
+    "llama": dict(model_type="llama", tie_word_embeddings=False, rope_theta=500000.0,
+                  rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                    original_max_position_embeddings=128)),
+    # Mistral: head_dim from hidden/heads, untied
+    "mistral": dict(model_type="mistral", tie_word_embeddings=False, sliding_window=None, rope_theta=10000.0),
+    # Qwen2: q/k/v biases, untied embeddings
+    "qwen2": dict(model_type="qwen2", tie_word_embeddings=False, rope_theta=10000.0, use_sliding_window=False),
+    # Qwen3: q/k RMSNorm, explicit head_dim, tied embeddings
+    "qwen3": dict(model_type="qwen3", tie_word_embeddings=True, head_dim=32, rope_theta=1000000.0,
+                  use_sliding_window=False),
+}
+
+
+def make_tiny_checkpoint(kind: str, folder: str | Path, seed: int = 0, **overrides: Any) -> Path:
+    """Write a random ``kind`` model ("llama", "mistral", "qwen2", "qwen3") to ``folder``."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if kind not in TINY_ARCHITECTURES:
+        raise ValueError(f"unknown tiny architecture {kind!r}; choose from {', '.join(TINY_ARCHITECTURES)}")
+    values = {**_BASE, **TINY_ARCHITECTURES[kind], **overrides}
+    model_type = values.pop("model_type")
+    config = AutoConfig.for_model(model_type, **values)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # non-trivial norm weights and biases, so a wrong mapping cannot hide
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith(".bias"):
+                param.add_(torch.randn_like(param) * 0.1)
+    folder = Path(folder)
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
