@@ -1,4 +1,4 @@
-"""The ``infer`` command: generate, chat, serve, plugins, config.
+"""The ``infer`` command: generate, chat, plugins, config.
 
 Every engine setting is also a flag (``--max-num-seqs 64``); flags beat INFER_* variables.
 """
@@ -104,13 +104,6 @@ def cmd_chat(args) -> int:
     return 0
 
 
-def cmd_serve(args) -> int:
-    from infer_core.server.main import serve
-
-    serve(settings_kwargs(args))
-    return 0
-
-
 def cmd_plugins(args) -> int:
     from infer_core.plugins_report import plugins_report
 
@@ -146,10 +139,6 @@ def build_parser() -> argparse.ArgumentParser:
     _sampling_arguments(p)
     add_settings_arguments(p)
     p.set_defaults(handler=cmd_chat)
-
-    p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
-    add_settings_arguments(p, include_server=True)
-    p.set_defaults(handler=cmd_serve)
 
     p = sub.add_parser("plugins", help="list every implementation of every kind and whether it can run here")
     add_settings_arguments(p)
