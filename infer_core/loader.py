@@ -165,6 +165,8 @@ def create_plugin_manager(allowed: list[str] | None = None) -> tuple[pluggy.Plug
             module = ep.load()
         except Exception as e:
             raise PluginError(f"plugin {ep.name!r} ({ep.value}) failed to load: {e}") from e
+        if module in pm.get_plugins():
+            continue  # two entry points naming one module register it once
         pm.register(module, name=ep.name)
         dist = ep.dist
         plugins[ep.name] = (dist.metadata["Name"], dist.version) if dist else (ep.name, "?")

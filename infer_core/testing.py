@@ -51,3 +51,35 @@ def make_tiny_checkpoint(kind: str, folder: str | Path, seed: int = 0, **overrid
     folder = Path(folder)
     model.save_pretrained(folder, safe_serialization=True)
     return folder
+
+
+class LogitsRecorder:
+    """Collects, per request id, the logits of every sampled position while an engine runs.
+
+    Turns on the workers' ``return_logits`` and observes each step's RunnerOutput; the engine
+    itself runs unchanged. Use as a context manager around ``generate``.
+    """
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.logits: dict[str, list] = {}
+        self._execute = None
+
+    def __enter__(self) -> LogitsRecorder:
+        executor = self.engine.executor
+        executor.collective_rpc("set_return_logits", True)
+        self._execute = executor.execute
+
+        def execute(scheduler_output):
+            output = self._execute(scheduler_output)
+            for request_id, rows in zip(output.request_ids, output.logits or []):
+                if rows is not None:
+                    self.logits.setdefault(request_id, []).extend(rows)
+            return output
+
+        executor.execute = execute
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.engine.executor.execute = self._execute
+        self.engine.executor.collective_rpc("set_return_logits", False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from infer_core.interfaces.kv import KVAllocator
 from infer_core.interfaces.request import Request, RequestStatus
@@ -84,6 +85,7 @@ class RunnerOutput:
     request_ids: list[str] = field(default_factory=list)
     sampled_token_ids: list[list[int]] = field(default_factory=list)
     logprobs: list[list[TokenLogprobs] | None] = field(default_factory=list)
+    logits: list[Any] | None = None  # per request, float32 CPU [num_sampled, vocab]; only when asked for
 
 
 @dataclass(slots=True)

@@ -47,6 +47,7 @@ class ModelRunner:
         self.model: torch.nn.Module | None = None
         self.kv_caches: list[torch.Tensor] = []
         self.requests: dict[str, RequestState] = {}
+        self.return_logits = False  # tests and accuracy checks: copy sampled positions' logits to the host
 
     @property
     def num_kv_heads(self) -> int:
@@ -127,7 +128,12 @@ class ModelRunner:
         batch = build_sampling_batch(states, self.config.model.vocab_size, self.config.eos_token_ids, self.device)
         result = sample(logits, batch)
         self._collect(inputs, states, result, sampled, logprobs)
-        return RunnerOutput(inputs.request_ids, sampled, logprobs)
+        output = RunnerOutput(inputs.request_ids, sampled, logprobs)
+        if self.return_logits:
+            host = logits.float().cpu()
+            rows = torch.tensor(inputs.sample_rows)
+            output.logits = [host[rows == i] if bool((rows == i).any()) else None for i in range(len(sampled))]
+        return output
 
     def _collect(self, inputs: StepInputs, states, result: SamplerOutput, sampled, logprobs) -> None:
         """Move the step's samples to the host (one copy per tensor) and group them per request."""

@@ -32,6 +32,10 @@ class Worker:
     def execute(self, output: SchedulerOutput) -> RunnerOutput:
         return self.runner.execute(output)
 
+    def set_return_logits(self, enabled: bool) -> None:
+        """Attach the logits of sampled positions to every RunnerOutput (accuracy checks)."""
+        self.runner.return_logits = enabled
+
     def shutdown(self) -> None:
         self.runner.kv_caches = []
         self.runner.model = None

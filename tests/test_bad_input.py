@@ -1,0 +1,89 @@
+"""Requests that can never be served are refused with the numbers; the rest of the engine carries on."""
+
+from __future__ import annotations
+
+import pytest
+
+from infer_core import SamplingParams
+from infer_core.engine.engine import Engine
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture
+def engine(tiny_checkpoint):
+    # 24 blocks of 16 tokens = 384 tokens of KV, max_model_len 256.
+    engine = Engine.from_settings(model=str(tiny_checkpoint("qwen2")), num_kv_blocks=24, block_size=16,
+                                  max_model_len=256)
+    yield engine
+    engine.shutdown()
+
+
+def _drain(engine: Engine) -> dict[str, list[int]]:
+    done = {}
+    for _ in range(1000):
+        if not engine.has_unfinished_requests():
+            break
+        for output in engine.step():
+            if output.finished:
+                done[output.request_id] = output.outputs[0].token_ids
+    return done
+
+
+def test_bad_requests_are_refused_and_others_finish(engine, tiny_checkpoint):
+    good = {"a": list(range(3, 40)), "b": list(range(5, 100))}
+    for rid, prompt in good.items():
+        engine.add_request(rid, prompt, GREEDY)
+    engine.step()  # the good requests are running when the bad ones arrive
+
+    with pytest.raises(ValueError, match=r"prompt has 300 tokens but max_model_len is 256"):
+        engine.add_request("too-long", [7] * 300, GREEDY)
+    with pytest.raises(ValueError, match=r"prompt is empty"):
+        engine.add_request("empty", [], GREEDY)
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 384\)"):
+        engine.add_request("bad-id", [1, 2, 384], GREEDY)
+    with pytest.raises(ValueError, match=r"a prompt is a string or a list of token ids"):
+        engine.add_request("bad-type", [1.5, 2], GREEDY)
+    with pytest.raises(ValueError, match=r"this model has no tokenizer"):
+        engine.add_request("text", "hello", GREEDY)
+
+    results = _drain(engine)
+    assert set(results) == {"a", "b"}
+    assert all(len(tokens) == 12 for tokens in results.values())
+    assert engine.scheduler.kv_allocator.num_free_blocks == 24  # nothing leaked by the refusals
+
+    alone = Engine.from_settings(model=str(tiny_checkpoint("qwen2")), num_kv_blocks=24, block_size=16,
+                                 max_model_len=256)
+    for rid, prompt in good.items():
+        alone.add_request(rid, prompt, GREEDY)
+    assert _drain(alone) == results
+
+
+def test_request_larger_than_the_pool_gives_the_arithmetic(tiny_checkpoint):
+    engine = Engine.from_settings(model=str(tiny_checkpoint("qwen2")), num_kv_blocks=4, block_size=16,
+                                  max_model_len=256)
+    # 40 prompt + 100 max_tokens = 140 tokens = 9 blocks of 16 > 4 blocks in the pool
+    with pytest.raises(ValueError, match=r"needs 9 KV blocks \(40 prompt \+ 100 max_tokens tokens at 16 tokens per "
+                                         r"block\) but the KV pool holds only 4 blocks"):
+        engine.add_request("big", list(range(3, 43)), SamplingParams(max_tokens=100))
+    engine.add_request("fits", list(range(3, 43)), SamplingParams(max_tokens=20, ignore_eos=True))
+    assert len(_drain(engine)["fits"]) == 20
+
+
+def test_abort_frees_blocks_at_once(engine):
+    engine.add_request("x", list(range(3, 60)), SamplingParams(max_tokens=100, ignore_eos=True))
+    engine.add_request("y", list(range(3, 30)), GREEDY)
+    engine.step()
+    allocator = engine.scheduler.kv_allocator
+    used = allocator.num_blocks - allocator.num_free_blocks
+    final = engine.abort("x")
+    assert final.finished and final.outputs[0].finish_reason == "abort"
+    assert allocator.num_blocks - allocator.num_free_blocks < used
+    assert engine.abort("x") is None  # already gone
+    assert set(_drain(engine)) == {"y"}
+
+
+def test_duplicate_request_id_is_refused(engine):
+    engine.add_request("same", [3, 4, 5], GREEDY)
+    with pytest.raises(ValueError, match="already in use"):
+        engine.add_request("same", [3, 4, 5], GREEDY)
