@@ -1,0 +1,34 @@
+"""The `infer` command as a user runs it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+
+def run_infer(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    executable = shutil.which("infer")
+    command = [executable, *args] if executable else [sys.executable, "-m", "infer_core.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
+def test_generate_chat_with_the_default_model():
+    result = run_infer("generate", "--chat", "What is the capital of France?", "--max-tokens", "24")
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+
+
+def test_errors_are_one_line_and_exit_2(tmp_path):
+    result = run_infer("generate", "hi", "--attention", "trtion")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: INFER_ATTENTION='trtion' is not installed.")
+
+
+def test_plugins_lists_every_kind():
+    result = run_infer("plugins", timeout=120)
+    assert result.returncode == 0, result.stderr
+    for label in ("attention backends:", "KV allocators:", "schedulers:", "quantizers:", "parallel strategies:",
+                  "decoding policies:", "model architectures:"):
+        assert label in result.stdout
+    assert "* torch" in result.stdout and "* LlamaForCausalLM" in result.stdout
