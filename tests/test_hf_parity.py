@@ -3,7 +3,8 @@
 For a batch of 8 prompts of 5 to 300 tokens: the logits at each prompt's last position within
 1e-4 relative, and 64 greedy tokens identical to ``generate`` — as one batch, with small prefill
 chunks, with a shared 200-token prefix served from the prefix cache, and with a KV pool of about
-a quarter of the blocks needed (requests preempted and recomputed).
+a quarter of the blocks needed (requests preempted and recomputed). On CUDA (``-m gpu``) the
+same checks run with the model on the GPU in float32.
 """
 
 from __future__ import annotations
@@ -61,8 +62,13 @@ def references(tiny_checkpoint):
     return get
 
 
-def _run_engine(folder, prompts, **settings):
-    llm = LLM(str(folder), block_size=BLOCK_SIZE, **settings)
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request) -> str:
+    return request.param
+
+
+def _run_engine(folder, prompts, device, **settings):
+    llm = LLM(str(folder), block_size=BLOCK_SIZE, device=device, dtype="float32", **settings)
     params = SamplingParams(temperature=0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True)
     with LogitsRecorder(llm.engine) as recorder:
         outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -78,22 +84,22 @@ def _check(outputs, first_logits, expected) -> None:
         assert output.outputs[0].finish_reason == "length"
 
 
-def test_batch_matches_hf(tiny_kind, references):
+def test_batch_matches_hf(tiny_kind, references, device):
     folder, prompts, expected = references(tiny_kind, 0)
-    llm, outputs, logits = _run_engine(folder, prompts, enable_prefix_caching=False)
+    llm, outputs, logits = _run_engine(folder, prompts, device, enable_prefix_caching=False)
     _check(outputs, logits, expected)
     assert llm.engine.stats().num_preemptions == 0
 
 
-def test_chunked_prefill_matches_hf(tiny_kind, references):
+def test_chunked_prefill_matches_hf(tiny_kind, references, device):
     folder, prompts, expected = references(tiny_kind, 0)
-    llm, outputs, logits = _run_engine(folder, prompts, max_num_batched_tokens=32, enable_prefix_caching=False)
+    llm, outputs, logits = _run_engine(folder, prompts, device, max_num_batched_tokens=32, enable_prefix_caching=False)
     _check(outputs, logits, expected)
 
 
-def test_prefix_cache_hits_match_hf(tiny_kind, references):
+def test_prefix_cache_hits_match_hf(tiny_kind, references, device):
     folder, prompts, expected = references(tiny_kind, 200)
-    llm, outputs, logits = _run_engine(folder, prompts, enable_prefix_caching=True)
+    llm, outputs, logits = _run_engine(folder, prompts, device, enable_prefix_caching=True)
     _check(outputs, logits, expected)
     stats = llm.engine.stats()
     # 7 of the 8 prompts find the 200-token prefix (12 full blocks of 16) already cached.
@@ -101,11 +107,11 @@ def test_prefix_cache_hits_match_hf(tiny_kind, references):
     assert sum(o.num_cached_tokens for o in outputs) == stats.prefix_hit_tokens
 
 
-def test_small_kv_pool_preempts_and_matches_hf(tiny_kind, references):
+def test_small_kv_pool_preempts_and_matches_hf(tiny_kind, references, device):
     folder, prompts, expected = references(tiny_kind, 0)
     needed = sum(-(-(len(p) + NUM_NEW_TOKENS) // BLOCK_SIZE) for p in prompts)
     largest = max(-(-(len(p) + NUM_NEW_TOKENS) // BLOCK_SIZE) for p in prompts)
     num_blocks = max(needed // 4, largest)
-    llm, outputs, logits = _run_engine(folder, prompts, num_kv_blocks=num_blocks, enable_prefix_caching=False)
+    llm, outputs, logits = _run_engine(folder, prompts, device, num_kv_blocks=num_blocks, enable_prefix_caching=False)
     _check(outputs, logits, expected)
     assert llm.engine.stats().num_preemptions > 0

@@ -72,15 +72,15 @@ class ModelRunner:
     def profile_num_blocks(self) -> int:
         """KV blocks that fit on this rank (after a max-size dummy step on CUDA)."""
         s = self.config.settings
-        per_seq = -(-self.config.max_model_len // self.config.block_size)
+        max_useful = s.max_num_seqs * -(-self.config.max_model_len // self.config.block_size)
         if self.device.type != "cuda":
-            return cpu_num_blocks(s.kv_cache_gb, self.bytes_per_block(), s.max_num_seqs * per_seq + 1)
+            return cpu_num_blocks(s.kv_cache_gb, self.bytes_per_block(), max_useful)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         self._dummy_step()
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()
-        return cuda_num_blocks(s.gpu_memory_utilization, s.kv_cache_gb, self.bytes_per_block(), self.device)
+        return cuda_num_blocks(s.gpu_memory_utilization, s.kv_cache_gb, self.bytes_per_block(), self.device, max_useful)
 
     def _dummy_step(self) -> None:
         """One forward + sampling at the largest step the scheduler may produce."""

@@ -1,0 +1,93 @@
+"""CPU figure of the core issue: the default model, 32 chat prompts, 128 new tokens each.
+
+``LLM.generate`` against HF transformers ``generate`` (one left-padded batch of 32, greedy,
+float32), same machine, same process, same prompts; output tokens per second of wall time.
+
+    python benchmarks/cpu_generate.py [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from benchmarks.common import write_result
+
+QUESTIONS = [
+    "What is the capital of France?", "How do airplanes stay in the air?", "Explain photosynthesis simply.",
+    "What causes the seasons on Earth?", "Write a haiku about the sea.", "What is a prime number?",
+    "How does a refrigerator work?", "Why is the sky blue?", "Give three tips for learning a language.",
+    "What is the difference between weather and climate?", "How do vaccines work?", "What is an atom made of?",
+    "Describe the water cycle.", "What does a compiler do?", "Why do cats purr?", "How are rainbows formed?",
+    "What is the tallest mountain in the world?", "Explain gravity to a child.", "What is machine learning?",
+    "How do bees make honey?", "What is the speed of light?", "Why do leaves change color in autumn?",
+    "What is democracy?", "How does the heart pump blood?", "Name three renewable energy sources.",
+    "What is a black hole?", "How do I boil an egg?", "What is the Pythagorean theorem?",
+    "Why do we dream?", "What are the planets of the solar system?", "How does a bicycle stay upright?",
+    "What is the meaning of the word 'ubiquitous'?",
+]
+NEW_TOKENS = 128
+
+
+def run_infer(texts: list[str]) -> dict:
+    from infer_core import LLM, SamplingParams
+
+    llm = LLM()
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    llm.generate(texts[:1], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
+    start = time.perf_counter()
+    outputs = llm.generate(texts, params, use_tqdm=False, add_special_tokens=False)
+    elapsed = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    llm.shutdown()
+    return {"system": "infer", "attention": "torch", "output_tokens": tokens, "seconds": round(elapsed, 3),
+            "output_tok_s": round(tokens / elapsed, 1)}
+
+
+def run_hf(texts: list[str]) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from infer_core.models.source import default_model_source
+
+    source = default_model_source()
+    tokenizer = AutoTokenizer.from_pretrained(str(source.path), gguf_file=source.gguf_file, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(str(source.path), gguf_file=source.gguf_file, dtype=torch.float32).eval()
+    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    kwargs = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                  pad_token_id=tokenizer.pad_token_id)
+    with torch.no_grad():
+        model.generate(**tokenizer(texts[:1], return_tensors="pt"), max_new_tokens=4, do_sample=False)  # warm-up
+        start = time.perf_counter()
+        out = model.generate(**batch, **kwargs)
+        elapsed = time.perf_counter() - start
+    tokens = (out.shape[1] - batch.input_ids.shape[1]) * out.shape[0]
+    return {"system": "hf-generate", "attention": model.config._attn_implementation, "output_tokens": int(tokens),
+            "seconds": round(elapsed, 3), "output_tok_s": round(tokens / elapsed, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="folder for the result JSON (default benchmarks/results)")
+    args = parser.parse_args()
+    from transformers import AutoTokenizer
+
+    from infer_core.models.source import default_model_source
+
+    source = default_model_source()
+    tokenizer = AutoTokenizer.from_pretrained(str(source.path), gguf_file=source.gguf_file)
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+             for q in QUESTIONS]
+    results = [run_infer(texts), run_hf(texts)]
+    settings = {"model": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32)", "num_prompts": len(texts),
+                "new_tokens": NEW_TOKENS, "ignore_eos": True, "greedy": True, "dtype": "float32",
+                "torch_threads": torch.get_num_threads()}
+    path = write_result("cpu-generate", settings, results, None if args.out is None else __import__("pathlib").Path(args.out))
+    for row in results:
+        print(f"{row['system']:<12} {row['output_tok_s']:>8.1f} tok/s  ({row['output_tokens']} tokens in {row['seconds']} s)")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
