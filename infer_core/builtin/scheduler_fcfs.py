@@ -55,13 +55,16 @@ class FCFSScheduler(Scheduler):
                 f"shorten the prompt or raise max_model_len",
                 code="context_length_exceeded", param="prompt",
             )
-        total = min(prompt + request.max_tokens, max_len) + self.config.num_lookahead_tokens
+        # The last sampled token ends the request before its K/V is written: it needs no slot.
+        total = min(prompt + request.max_tokens, max_len) - 1 + self.config.num_lookahead_tokens
         blocks = self.kv_allocator.num_blocks_for(total)
         if blocks > self.kv_allocator.num_blocks:
+            lookahead = ", speculative lookahead included" if self.config.num_lookahead_tokens else ""
             raise RequestError(
                 f"the request needs {blocks} KV blocks ({prompt} prompt + {request.max_tokens} max_tokens tokens at "
                 f"{self.kv_allocator.block_size} tokens per block) but the KV pool holds only "
-                f"{self.kv_allocator.num_blocks} blocks; lower max_tokens, or give the KV cache more memory "
+                f"{self.kv_allocator.num_blocks} blocks ({total} tokens need a slot: the last token never does"
+                f"{lookahead}); lower max_tokens, or give the KV cache more memory "
                 f"(num_kv_blocks, kv_cache_gb, gpu_memory_utilization)",
                 code="kv_cache_exceeded", param="max_tokens",
             )
@@ -105,7 +108,9 @@ class FCFSScheduler(Scheduler):
                 continue
             target = request.num_computed_tokens + num_new + self.config.num_lookahead_tokens
             while (new_blocks := allocator.allocate(request.request_id, target)) is None:
-                victim = max(self.running, key=_age)
+                # ``running`` is in age order, ties in arrival order: its last is the newest and is not in
+                # this step's batch yet (max() by age picks the first of equal ages: n children of a prompt).
+                victim = self.running[-1]
                 self._preempt(victim)
                 preempted = True
                 if victim is request:
