@@ -358,7 +358,7 @@ class Harness:
         """A prefix hit is a run of cached blocks whose contents are exactly the looked-up prefix."""
         allocator, bs = self.allocator, self.block_size
         candidates = list(self.probes) + [tuple(r.all_token_ids) for r in self.live.values()]
-        counters = allocator.queried_tokens, allocator.hit_tokens  # probes are not traffic: restored below
+        counters = allocator.queried_tokens, allocator.hit_tokens
         for tokens in candidates:
             hit = allocator.lookup_prefix("probe", tokens, len(tokens))
             allocator.free("probe")  # drops the probe's memoised keys; it holds no blocks
@@ -369,7 +369,7 @@ class Harness:
                     assert self.shadow[block][j] == tokens[: i * bs + j + 1], (
                         f"prefix hit on block {block} for tokens {tokens}, which holds {self.shadow[block]}"
                     )
-        allocator.queried_tokens, allocator.hit_tokens = counters
+        assert (allocator.queried_tokens, allocator.hit_tokens) == counters, "a lookup alone changed the statistics"
 
 
 # the state machine -----------------------------------------------------------------------------
@@ -525,6 +525,29 @@ def test_prefix_hit_is_counted_and_adopted_with_references():
     assert allocator.lookup_prefix("c", shared + [0], 8).block_ids == tuple(a_blocks[:2])
 
 
+def test_a_waiting_request_is_counted_once_however_often_it_is_retried():
+    # 5 blocks of 4: "a" holds 3 or 4 of them while it runs, so "b" (19 tokens = 5 blocks, 2 of them
+    # cached by "a") waits for "a" to finish; its prefix query and hit count once, when it is admitted.
+    h = Harness(block_size=4, num_blocks=5, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64,
+                enable_prefix_caching=True)
+    shared = [5, 6, 7, 8, 9, 10, 11, 12]
+    a = make_request("a", shared + [1, 2, 3], max_tokens=6, arrival_time=1)
+    assert h.add(a)
+    h.step(never_eos)
+    b = make_request("b", shared + [4] * 11, max_tokens=2, arrival_time=2)
+    assert h.add(b)
+    for _ in range(3):
+        h.step(never_eos)
+        h.check()
+        assert b.status is RequestStatus.WAITING
+    stats = h.scheduler.stats()
+    assert (stats.prefix_queried_tokens, stats.prefix_hit_tokens) == (len(a.prompt_token_ids), 0)
+    h.drain(never_eos)
+    stats = h.scheduler.stats()
+    assert stats.prefix_queried_tokens == len(a.prompt_token_ids) + len(b.prompt_token_ids)
+    assert stats.prefix_hit_tokens == 8
+
+
 def test_eviction_takes_the_least_recently_freed_cached_block():
     allocator = PagedKVAllocator(num_blocks=4, block_size=2, enable_prefix_caching=True)
 
@@ -552,7 +575,7 @@ def test_eviction_takes_the_least_recently_freed_cached_block():
     assert allocator.allocate("z", 2) == [new_blocks[0]]
     assert allocator.lookup_prefix("q", old, 4).block_ids == (old_blocks[0],)
     allocator.free("q")
-    assert allocator.lookup_prefix("q", new, 4) == PrefixHit()
+    assert allocator.lookup_prefix("q", new, 4).block_ids == ()
     assert list(allocator.evictable) == [old_blocks[0]]
     held = allocator.block_ids("x") + allocator.block_ids("y") + allocator.block_ids("z")
     assert sorted(held) == sorted(set(range(4)) - {old_blocks[0]})

@@ -48,15 +48,13 @@ class PagedKVAllocator(KVAllocator):
     def lookup_prefix(self, seq_id: str, token_ids: Sequence[int], max_tokens: int) -> PrefixHit:
         if not self.enable_prefix_caching:
             return PrefixHit()
-        self.queried_tokens += len(token_ids)
         hits: list[int] = []
         for key in self._keys(seq_id, token_ids, max_tokens // self.block_size):
             block = self.cached.get(key)
             if block is None:
                 break
             hits.append(block)
-        self.hit_tokens += len(hits) * self.block_size
-        return PrefixHit(tuple(hits), len(hits) * self.block_size)
+        return PrefixHit(tuple(hits), len(hits) * self.block_size, len(token_ids))
 
     def _take_ref(self, block: int) -> None:
         if self.ref_counts[block] == 0:
@@ -83,6 +81,9 @@ class PagedKVAllocator(KVAllocator):
             return None
         if blocks is None:
             blocks = self.seq_blocks[seq_id] = []
+            if prefix is not None:
+                self.queried_tokens += prefix.num_queried_tokens
+                self.hit_tokens += prefix.num_tokens
         for block in adopt:
             self._take_ref(block)
         blocks.extend(adopt)

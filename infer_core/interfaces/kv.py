@@ -9,10 +9,15 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class PrefixHit:
-    """Cached blocks that hold the first ``num_tokens`` tokens of a sequence."""
+    """Cached blocks that hold the first ``num_tokens`` tokens of a sequence.
+
+    ``num_queried_tokens`` is the length of the sequence that was looked up: the query and the
+    hit are counted in the statistics once, when ``allocate`` adopts the hit.
+    """
 
     block_ids: tuple[int, ...] = ()
     num_tokens: int = 0
+    num_queried_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +54,7 @@ class KVAllocator(ABC):
     def lookup_prefix(self, seq_id: str, token_ids: Sequence[int], max_tokens: int) -> PrefixHit:
         """Longest run of cached full blocks that starts the sequence, within ``max_tokens``.
 
-        Has no effect on the pool; counts a prefix-cache query and its hit.
+        Has no effect on the pool or the statistics (a request that waits is looked up again).
         """
 
     @abstractmethod
@@ -57,7 +62,8 @@ class KVAllocator(ABC):
         """Grow ``seq_id`` to hold ``num_tokens`` tokens; return the new block ids.
 
         On the first call for a sequence, ``prefix`` blocks are adopted (their references
-        taken) before fresh blocks. Returns None, changing nothing, when the pool is too small.
+        taken) before fresh blocks, and the prefix query and hit are counted. Returns None,
+        changing nothing, when the pool is too small.
         """
 
     @abstractmethod
