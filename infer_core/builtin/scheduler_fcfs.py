@@ -43,6 +43,14 @@ class FCFSScheduler(Scheduler):
 
     # admission -----------------------------------------------------------------------------
 
+    def max_slots(self, request: Request) -> int:
+        """The most KV slots the request can ever hold (its allocations are capped at this).
+
+        The last sampled token ends the request before its K/V is written, so it needs no slot.
+        """
+        limit = min(request.num_prompt_tokens + request.max_tokens, self.config.max_model_len)
+        return limit - 1 + self.config.num_lookahead_tokens
+
     def check_admission(self, request: Request) -> None:
         """Refuse what could never be served, with the arithmetic in the message."""
         max_len = self.config.max_model_len
@@ -55,8 +63,7 @@ class FCFSScheduler(Scheduler):
                 f"shorten the prompt or raise max_model_len",
                 code="context_length_exceeded", param="prompt",
             )
-        # The last sampled token ends the request before its K/V is written: it needs no slot.
-        total = min(prompt + request.max_tokens, max_len) - 1 + self.config.num_lookahead_tokens
+        total = self.max_slots(request)
         blocks = self.kv_allocator.num_blocks_for(total)
         if blocks > self.kv_allocator.num_blocks:
             lookahead = ", speculative lookahead included" if self.config.num_lookahead_tokens else ""
@@ -106,7 +113,8 @@ class FCFSScheduler(Scheduler):
             num_new = self._num_new_tokens(request, budget)
             if num_new == 0:
                 continue
-            target = request.num_computed_tokens + num_new + self.config.num_lookahead_tokens
+            target = min(request.num_computed_tokens + num_new + self.config.num_lookahead_tokens,
+                         self.max_slots(request))
             while (new_blocks := allocator.allocate(request.request_id, target)) is None:
                 # ``running`` is in age order, ties in arrival order: its last is the newest and is not in
                 # this step's batch yet (max() by age picks the first of equal ages: n children of a prompt).
