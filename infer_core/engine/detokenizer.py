@@ -2,10 +2,13 @@
 
 Each step decodes a short window of recent tokens twice (with and without the new ones) and
 emits the difference, unless the new text ends in U+FFFD: then a multi-byte character is still
-incomplete and the text waits for the next token.
+incomplete and the text waits for the next token. A character still incomplete when generation
+ends is left out of the text rather than shown as U+FFFD.
 """
 
 from __future__ import annotations
+
+import os
 
 _CONTEXT_TOKENS = 5  # prompt tokens decoded before the first output, for leading-space rules
 
@@ -26,8 +29,15 @@ class IncrementalDetokenizer:
         self.token_ids.extend(new_token_ids)
         prefix_text = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
         new_text = self._decode(self.token_ids[self.prefix_offset :])
-        if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
+        if new_text.endswith("\ufffd"):
+            return ""
+        start = len(prefix_text)
+        if prefix_text.endswith("\ufffd") and not new_text.startswith(prefix_text):
+            # The prompt ended inside a character that these tokens complete: the prefix's U+FFFD
+            # became that character, which the output shows (its last bytes are output tokens).
+            start = len(os.path.commonprefix([prefix_text, new_text]))
+        if len(new_text) <= start:
             return ""
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.token_ids)
-        return new_text[len(prefix_text) :]
+        return new_text[start:]

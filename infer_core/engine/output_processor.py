@@ -8,7 +8,7 @@ never sees part of one.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from infer_core.engine.detokenizer import IncrementalDetokenizer
 from infer_core.interfaces import RequestStatus, RequestUpdate, TokenLogprobs
@@ -41,10 +41,17 @@ class _Parent:
     finished_children: set[str] = field(default_factory=set)
 
     def to_output(self) -> RequestOutput:
-        outputs = [s.output for s in sorted(self.sequences.values(), key=lambda s: s.output.index)]
+        outputs = [_snapshot(s.output) for s in sorted(self.sequences.values(), key=lambda s: s.output.index)]
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outputs,
                              finished=len(self.finished_children) == len(self.sequences),
                              num_cached_tokens=self.num_cached_tokens, metrics=self.metrics)
+
+
+def _snapshot(output: CompletionOutput) -> CompletionOutput:
+    """A copy to hand out: the live output changes on later steps, while a stream consumer may still
+    hold this step's (and read its delta) after the engine has moved on."""
+    return replace(output, token_ids=list(output.token_ids), delta_token_ids=list(output.delta_token_ids),
+                   logprobs=None if output.logprobs is None else list(output.logprobs))
 
 
 class OutputProcessor:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from infer_core.sampling_params import MIN_SAMPLING_TEMPERATURE
+
 _SEED_STRIDE = 1_000_003  # mixes a request's seed with the output position
 
 
@@ -19,7 +21,7 @@ _SEED_STRIDE = 1_000_003  # mixes a request's seed with the output position
 class SamplingBatch:
     """Per-row sampling parameters of one step, as device tensors (None: not used this step)."""
 
-    temperature: torch.Tensor  # [R] float32; 0 marks greedy rows
+    temperature: torch.Tensor  # [R] float32; 0 (below MIN_SAMPLING_TEMPERATURE) marks greedy rows
     all_greedy: bool
     top_k: torch.Tensor | None = None  # [R] int64, 0 = off
     top_p: torch.Tensor | None = None  # [R] float32, 1 = off
@@ -104,7 +106,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
     if batch.all_greedy:
         token_ids = greedy
     else:
-        is_greedy = batch.temperature == 0
+        is_greedy = batch.temperature < MIN_SAMPLING_TEMPERATURE
         temperature = torch.where(is_greedy, 1.0, batch.temperature).unsqueeze(1)
         scaled = logits / temperature
         if batch.top_k is not None or batch.top_p is not None:
