@@ -46,6 +46,8 @@ def test_bad_requests_are_refused_and_others_finish(engine, tiny_checkpoint):
         engine.add_request("bad-type", [1.5, 2], GREEDY)
     with pytest.raises(ValueError, match=r"this model has no tokenizer"):
         engine.add_request("text", "hello", GREEDY)
+    with pytest.raises(ValueError, match=r"stop strings need a tokenizer and this model has none"):
+        engine.add_request("stop-text", [5, 6], SamplingParams(stop=["x"]))
 
     results = _drain(engine)
     assert set(results) == {"a", "b"}
@@ -81,6 +83,21 @@ def test_abort_frees_blocks_at_once(engine):
     assert allocator.num_blocks - allocator.num_free_blocks < used
     assert engine.abort("x") is None  # already gone
     assert set(_drain(engine)) == {"y"}
+
+
+def test_runner_bans_every_end_token_while_min_tokens_holds(tmp_path):
+    # a model whose config names EOS 7 while its tokenizer's EOS is <|im_end|> (2): both count
+    from transformers import AutoTokenizer
+
+    from infer_core.models.source import default_model_source
+    from infer_core.testing import make_tiny_checkpoint
+
+    folder = make_tiny_checkpoint("llama", tmp_path / "m", vocab_size=49152, eos_token_id=7)
+    source = default_model_source()
+    AutoTokenizer.from_pretrained(str(source.path), gguf_file=source.gguf_file).save_pretrained(folder)
+    engine = Engine.from_settings(model=str(folder), num_kv_blocks=8)
+    assert engine.eos_token_ids == {2, 7}
+    assert set(engine.executor.worker.runner.config.eos_token_ids) == {2, 7}
 
 
 def test_duplicate_request_id_is_refused(engine):

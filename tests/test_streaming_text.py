@@ -168,6 +168,21 @@ def test_llm_chat_stop_strings(llm, reference):
     assert (absent.finish_reason, absent.stop_reason) == ("stop", None)
 
 
+def test_stop_strings_wait_for_min_tokens(llm, reference):
+    full = reference["france"][-1].outputs[0]
+    question = [{"role": "user", "content": CHATS["france"]}]
+    capital_ends = next(m for m in range(1, len(full.token_ids))
+                        if "capital" in llm.get_tokenizer().decode(full.token_ids[:m]))
+    early, late = (o.outputs[0] for o in llm.chat(
+        [question] * 2,
+        [SamplingParams(temperature=0, max_tokens=MAX_TOKENS, stop=["capital"], min_tokens=capital_ends + 1),
+         SamplingParams(temperature=0, max_tokens=MAX_TOKENS, stop=["capital"])],
+        use_tqdm=False))
+    # within min_tokens the stop string is not looked for (as vLLM): the answer runs to its end token
+    assert early.text == full.text and early.token_ids == full.token_ids and early.stop_reason is None
+    assert late.text == full.text[: full.text.index("capital")] and late.stop_reason == "capital"
+
+
 # ---------------------------------------------------------------------------------------------
 # forced tokens: the output processor and the detokenizer on known token sequences
 

@@ -10,7 +10,7 @@ import itertools
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from infer_core.engine.output_processor import OutputProcessor
@@ -39,9 +39,13 @@ class EngineCounters:
 class Engine:
     def __init__(self, spec: EngineSpec) -> None:
         self.spec = spec
-        self.config = config = spec.config
+        self.tokenizer = load_tokenizer(spec.config)
+        eos = set(spec.config.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)  # the runner bans these too while min_tokens holds
+        self.config = config = replace(spec.config, eos_token_ids=tuple(sorted(eos)))
+        self.eos_token_ids = frozenset(eos)
         settings = config.settings
-        self.tokenizer = load_tokenizer(config)
         strategy = spec.chosen["parallel"].load()(spec.context)
         self.executor = strategy.create_executor(config)
         try:
@@ -57,10 +61,6 @@ class Engine:
                                            self.decoding.num_speculative_tokens)
         self.scheduler = spec.chosen["scheduler"].load()(scheduler_config, allocator)
         self.outputs = OutputProcessor(self.tokenizer)
-        eos = set(config.eos_token_ids)
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            eos.add(self.tokenizer.eos_token_id)
-        self.eos_token_ids = frozenset(eos)
         self.counters = EngineCounters(finished={})
         self._ids = itertools.count()
         self.is_dead = False
@@ -124,6 +124,9 @@ class Engine:
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self.outputs.parents:
             raise RequestError(f"request id {request_id!r} is already in use", param="request_id")
+        if params.stop and self.tokenizer is None:
+            raise RequestError("stop strings need a tokenizer and this model has none; use stop_token_ids",
+                               param="stop")
         text, prompt_ids = self._tokenize(prompt, add_special_tokens)
         remaining = self.config.max_model_len - len(prompt_ids)
         max_tokens = min(params.max_tokens or remaining, max(remaining, 1))

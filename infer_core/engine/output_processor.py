@@ -96,7 +96,7 @@ class OutputProcessor:
         if seq.detokenizer is not None:
             previous_len = len(out.text)
             out.text += seq.detokenizer.update(update.new_token_ids)
-            if params.stop:
+            if params.stop and len(out.token_ids) >= params.min_tokens:  # as vLLM: not within min_tokens
                 stopped = self._find_stop(seq, previous_len)
         if update.finished and not stopped:
             out.finish_reason = update.request.status.finish_reason
