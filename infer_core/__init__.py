@@ -21,7 +21,8 @@ _EXPORTS = {
     "Engine": "infer_core.engine.engine",
 }
 
-__all__ = list(_EXPORTS)
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "EngineSettings", "Engine"]
+assert set(__all__) == set(_EXPORTS)
 
 if TYPE_CHECKING:
     from infer_core.engine.engine import Engine

@@ -181,6 +181,29 @@ def _version(distribution: str) -> str:
         return "0+local"
 
 
+@dataclass(frozen=True, slots=True)
+class _Registrar:
+    """The ``register`` callable one plugin receives for one kind."""
+
+    registry: dict[str, Implementation]
+    kind: str
+    plugin: str
+    distribution: str
+    version: str
+
+    def __call__(self, name: str, class_path: str, *, aliases: tuple[str, ...] = ()) -> None:
+        impl = Implementation(self.kind, _key(self.kind, name), class_path, tuple(_key(self.kind, a) for a in aliases),
+                              self.plugin, self.distribution, self.version)
+        for key in (impl.name, *impl.aliases):
+            existing = self.registry.get(key)
+            if existing is not None and existing.plugin != self.plugin:
+                raise PluginError(
+                    f"{self.kind} {key!r} is registered twice: by {existing.distribution} and by {self.distribution}; "
+                    f"uninstall one or restrict INFER_PLUGINS"
+                )
+            self.registry[key] = impl
+
+
 def load_catalog(allowed: list[str] | None = None) -> Catalog:
     """Collect every implementation, remembering which plugin (and distribution) registered it."""
     pm, plugins = create_plugin_manager(allowed)
@@ -192,20 +215,8 @@ def load_catalog(allowed: list[str] | None = None) -> Catalog:
         others = [p for p in all_plugins if p is not plugin]
         dist, version = plugins.get(plugin_name, (plugin_name, "?"))
         for kind, info in KIND_INFO.items():
-            registry = catalog.by_kind.setdefault(kind, {})
-
-            def register(name: str, class_path: str, *, aliases: tuple[str, ...] = (), _kind=kind, _reg=registry):
-                impl = Implementation(_kind, _key(_kind, name), class_path, tuple(_key(_kind, a) for a in aliases),
-                                      plugin_name, dist, version)
-                for key in (impl.name, *impl.aliases):
-                    if key in _reg and _reg[key].plugin != plugin_name:
-                        raise PluginError(
-                            f"{_kind} {key!r} is registered twice: by {_reg[key].distribution} and by {dist}; "
-                            f"uninstall one or restrict INFER_PLUGINS"
-                        )
-                    _reg[key] = impl
-
-            pm.subset_hook_caller(info.hook, remove_plugins=others)(register=register)
+            registrar = _Registrar(catalog.by_kind.setdefault(kind, {}), kind, plugin_name, dist, version)
+            pm.subset_hook_caller(info.hook, remove_plugins=others)(register=registrar)
     return catalog
 
 

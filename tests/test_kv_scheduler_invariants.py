@@ -24,7 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from infer_core.builtin.kv_paged import PagedKVAllocator
 from infer_core.builtin.scheduler_fcfs import FCFSScheduler
 from infer_core.errors import RequestError
-from infer_core.interfaces import PrefixHit, Request, RequestStatus, RunnerOutput, SchedulerConfig, SchedulerOutput
+from infer_core.interfaces import Request, RequestStatus, RunnerOutput, SchedulerConfig, SchedulerOutput
 from infer_core.runner.state import RequestState, apply_scheduler_output
 from infer_core.sampling_params import SamplingParams
 

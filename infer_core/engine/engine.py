@@ -10,7 +10,7 @@ import itertools
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from infer_core.engine.output_processor import OutputProcessor
@@ -33,7 +33,7 @@ class EngineCounters:
 
     prompt_tokens: int = 0
     generation_tokens: int = 0
-    finished: dict[str, int] | None = None
+    finished: dict[str, int] = field(default_factory=dict)  # finish_reason -> completions
 
 
 class Engine:
@@ -61,7 +61,7 @@ class Engine:
                                            self.decoding.num_speculative_tokens)
         self.scheduler = spec.chosen["scheduler"].load()(scheduler_config, allocator)
         self.outputs = OutputProcessor(self.tokenizer)
-        self.counters = EngineCounters(finished={})
+        self.counters = EngineCounters()
         self._ids = itertools.count()
         self.is_dead = False
 

@@ -1,7 +1,7 @@
 """The contracts of every extension point. Plugins import from here; nothing here imports torch."""
 
 from infer_core.interfaces.attention import AttentionBackend, AttentionCapabilities, AttentionLayer, BatchMetadata
-from infer_core.interfaces.context import RuntimeContext
+from infer_core.interfaces.context import RuntimeComponent, RuntimeContext
 from infer_core.interfaces.decoding import DecodingPolicy
 from infer_core.interfaces.kv import KVAllocator, KVStats, PrefixHit
 from infer_core.interfaces.parallel import (
@@ -46,6 +46,7 @@ __all__ = [
     "RequestStatus",
     "RequestUpdate",
     "RunnerOutput",
+    "RuntimeComponent",
     "RuntimeContext",
     "Scheduler",
     "SchedulerConfig",

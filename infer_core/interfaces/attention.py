@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from infer_core.interfaces.context import RuntimeContext
+from infer_core.interfaces.context import RuntimeComponent, RuntimeContext
 
 if TYPE_CHECKING:
     import torch
@@ -65,7 +65,7 @@ class BatchMetadata:
         return self.seq_lens_cpu - query_lens
 
 
-class AttentionBackend(ABC):
+class AttentionBackend(RuntimeComponent, ABC):
     """One implementation of paged attention.
 
     Lifecycle: ``validate(ctx)`` (class method, may not import heavy dependencies), then
@@ -90,9 +90,6 @@ class AttentionBackend(ABC):
         if any(ctx.model.sliding_windows) and not caps.supports_sliding_window:
             reasons.append("sliding-window attention is not supported")
         return reasons
-
-    def __init__(self, ctx: RuntimeContext) -> None:
-        self.ctx = ctx
 
     def build_metadata(self, common: BatchMetadata) -> Any:
         """Derive backend-specific metadata once per step (default: use the common one)."""

@@ -29,3 +29,16 @@ class RuntimeContext:
     @property
     def is_cuda(self) -> bool:
         return self.device == "cuda"
+
+
+class RuntimeComponent:
+    """An implementation chosen for a RuntimeContext: it first says whether it can run there
+    (``validate``, a class method that must not import heavy dependencies), then is built for it."""
+
+    @classmethod
+    def validate(cls, ctx: RuntimeContext) -> list[str]:
+        """Reasons this implementation cannot run for ``ctx``; empty when it can."""
+        return []
+
+    def __init__(self, ctx: RuntimeContext) -> None:
+        self.ctx = ctx

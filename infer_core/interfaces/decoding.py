@@ -5,20 +5,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
-from infer_core.interfaces.context import RuntimeContext
+from infer_core.interfaces.context import RuntimeComponent
 from infer_core.interfaces.request import Request
 from infer_core.interfaces.scheduling import RunnerOutput, SchedulerOutput
 
 
-class DecodingPolicy(ABC):
+class DecodingPolicy(RuntimeComponent, ABC):
     """``standard`` samples one token per step; a speculative policy drafts k and verifies k+1."""
-
-    @classmethod
-    def validate(cls, ctx: RuntimeContext) -> list[str]:
-        return []
-
-    def __init__(self, ctx: RuntimeContext) -> None:
-        self.ctx = ctx
 
     @property
     def num_speculative_tokens(self) -> int:

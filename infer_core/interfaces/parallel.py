@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from infer_core.interfaces.context import RuntimeContext
+from infer_core.interfaces.context import RuntimeComponent
 
 if TYPE_CHECKING:
     import torch
@@ -92,15 +92,8 @@ class Executor(ABC):
         """Stop every rank; leaves no child process behind."""
 
 
-class ParallelStrategy(ABC):
+class ParallelStrategy(RuntimeComponent, ABC):
     """How the model is spread over devices, and the Executor that drives the ranks."""
-
-    @classmethod
-    def validate(cls, ctx: RuntimeContext) -> list[str]:
-        return []
-
-    def __init__(self, ctx: RuntimeContext) -> None:
-        self.ctx = ctx
 
     @property
     @abstractmethod

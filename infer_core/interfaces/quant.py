@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
-from infer_core.interfaces.context import RuntimeContext
+from infer_core.interfaces.context import RuntimeComponent
 
 if TYPE_CHECKING:
     import torch
@@ -57,16 +57,8 @@ class LinearMethod(ABC):
         """Return ``x @ W.T + bias`` for the flat batch ``x`` [num_tokens, input_size]."""
 
 
-class Quantizer(ABC):
+class Quantizer(RuntimeComponent, ABC):
     """Chooses the LinearMethod of every linear layer of the model."""
-
-    @classmethod
-    def validate(cls, ctx: RuntimeContext) -> list[str]:
-        """Reasons this quantizer cannot run for ``ctx``; empty when it can."""
-        return []
-
-    def __init__(self, ctx: RuntimeContext) -> None:
-        self.ctx = ctx
 
     @abstractmethod
     def get_linear_method(self, prefix: str) -> LinearMethod:
