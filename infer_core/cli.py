@@ -70,8 +70,8 @@ def _sampling_params(args):
 def cmd_generate(args) -> int:
     from infer_core.llm import LLM
 
+    params = _sampling_params(args)  # bad values fail before the model loads
     llm = LLM(**settings_kwargs(args))
-    params = _sampling_params(args)
     for prompt in args.prompt:
         if args.chat:
             output = llm.chat([{"role": "user", "content": prompt}], params, use_tqdm=False)[0]
@@ -86,8 +86,8 @@ def cmd_chat(args) -> int:
     """An interactive conversation on the terminal; an empty line or EOF ends it."""
     from infer_core.llm import LLM
 
-    llm = LLM(**settings_kwargs(args))
     params = _sampling_params(args)
+    llm = LLM(**settings_kwargs(args))
     messages: list[dict[str, str]] = []
     while True:
         try:
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.handler(args)
-    except InferError as e:
+    except (InferError, ValueError) as e:  # a user's mistake: one line, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
 

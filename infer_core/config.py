@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infer_core.interfaces import RuntimeContext
 from infer_core.models.config import ModelConfig
 from infer_core.settings import EngineSettings
 
@@ -29,18 +30,26 @@ class ModelSource:
 class EngineConfig:
     """Everything decided before the engine starts; no lookups by name happen after this."""
 
-    settings: EngineSettings
+    context: RuntimeContext  # what every implementation was validated against
     source: ModelSource
-    model: ModelConfig
-    device: str
-    dtype: str
     block_size: int
     max_model_len: int
     implementations: dict[str, str] = field(default_factory=dict)  # kind -> chosen name
     load_format: str = "safetensors"
-    eos_token_ids: tuple[int, ...] = ()  # config.json and generation_config.json together
-    generation_defaults: dict = field(default_factory=dict)  # sampling keys of generation_config.json
+    eos_token_ids: tuple[int, ...] = ()  # config.json, generation_config.json and the tokenizer's
 
     @property
-    def model_name(self) -> str:
-        return self.settings.served_model_name or self.source.name
+    def settings(self) -> EngineSettings:
+        return self.context.settings
+
+    @property
+    def model(self) -> ModelConfig:
+        return self.context.model
+
+    @property
+    def device(self) -> str:
+        return self.context.device
+
+    @property
+    def dtype(self) -> str:
+        return self.context.dtype

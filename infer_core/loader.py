@@ -12,7 +12,6 @@ import difflib
 import importlib
 import importlib.metadata
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +21,7 @@ from infer_core import hookspecs
 from infer_core.config import KINDS, EngineConfig
 from infer_core.errors import PluginError, SettingsError
 from infer_core.interfaces import RuntimeContext
+from infer_core.platform import make_runtime_context
 from infer_core.settings import EngineSettings
 
 logger = logging.getLogger(__name__)
@@ -220,34 +220,6 @@ def load_catalog(allowed: list[str] | None = None) -> Catalog:
     return catalog
 
 
-def runtime_probe() -> tuple[int, tuple[int, int] | None]:
-    """(number of CUDA devices, capability of device 0) without initialising kernels libraries."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return 0, None
-    return torch.cuda.device_count(), torch.cuda.get_device_capability(0)
-
-
-def pick_device(requested: str, num_gpus: int) -> str:
-    if requested == "cuda" and num_gpus == 0:
-        raise SettingsError("INFER_DEVICE=cuda but CUDA is not available here; use INFER_DEVICE=cpu or auto")
-    if requested == "auto":
-        return "cuda" if num_gpus else "cpu"
-    return requested
-
-
-def pick_dtype(requested: str, device: str, checkpoint_dtype: str | None) -> str:
-    """float32 on CPU by default; on CUDA the checkpoint's half type, bfloat16 otherwise."""
-    if requested != "auto":
-        if device == "cpu" and requested == "float16":
-            raise SettingsError("float16 is not supported on the CPU; use INFER_DTYPE=float32 or bfloat16")
-        return requested
-    if device == "cpu":
-        return "float32"
-    return checkpoint_dtype if checkpoint_dtype in ("bfloat16", "float16") else "bfloat16"
-
-
 def choose_names(settings: EngineSettings, catalog: Catalog, ctx: RuntimeContext) -> dict[str, str]:
     """The chosen name of each kind: the setting, or the default rule when unset."""
     names = {kind: getattr(settings, kind) for kind in KINDS}
@@ -256,7 +228,14 @@ def choose_names(settings: EngineSettings, catalog: Catalog, ctx: RuntimeContext
     if names["parallel"] is None:
         names["parallel"] = "tp" if settings.tensor_parallel_size > 1 else "single"
     if names["quantization"] is None:
-        quant = ctx.model.raw.get("quantization_config", {}).get("quant_method")
+        quant = (ctx.model.raw.get("quantization_config") or {}).get("quant_method")
+        if quant and quant != "gguf" and catalog.get("quantization", quant) is None:
+            installed = ", ".join(i.describe() for i in catalog.implementations("quantization"))
+            raise PluginError(
+                f"the checkpoint is quantized with {quant!r} (quantization_config.quant_method) and no installed "
+                f"quantizer handles it. Installed quantizers: {installed}. Install a plugin for it, or use an "
+                f"unquantized checkpoint"
+            )
         names["quantization"] = quant if quant and quant != "gguf" else "none"
     return names
 
@@ -285,17 +264,13 @@ class EngineSpec:
 
 def assemble(settings: EngineSettings, catalog: Catalog | None = None) -> EngineSpec:
     """Resolve the model, device, dtype and one implementation of every kind."""
-    from infer_core.models.source import read_generation_config, read_model_config, resolve_model_source
+    from infer_core.models.source import read_generation_eos, read_model_config, resolve_model_source
 
     catalog = catalog or load_catalog(settings.plugins)
     source = resolve_model_source(settings.model)
     model = read_model_config(source)
     catalog.resolve("model", model.architecture, _placeholder_ctx(settings, model))
-    num_gpus, capability = runtime_probe()
-    device = pick_device(settings.device, num_gpus)
-    dtype = pick_dtype(settings.dtype, device, model.torch_dtype)
-    ctx = RuntimeContext(device, dtype, model, settings, capability if device == "cuda" else None, num_gpus,
-                         os.environ.get("TRITON_INTERPRET") == "1")
+    ctx = make_runtime_context(settings, model)
     names = choose_names(settings, catalog, ctx)
     chosen = {kind: catalog.resolve(kind, names[kind], ctx) for kind in KINDS}
     chosen["model"] = catalog.get("model", model.architecture)
@@ -306,13 +281,11 @@ def assemble(settings: EngineSettings, catalog: Catalog | None = None) -> Engine
             f"INFER_MAX_MODEL_LEN={max_model_len} exceeds the model's max_position_embeddings "
             f"({model.max_position_embeddings}); lower it"
         )
-    extra_eos, generation_defaults = read_generation_config(source)
+    extra_eos = read_generation_eos(source)
     config = EngineConfig(
-        settings=settings, source=source, model=model, device=device, dtype=dtype, block_size=block_size,
-        max_model_len=max_model_len, implementations={k: chosen[k].name for k in KINDS},
-        load_format=_load_format(settings.load_format, source),
+        context=ctx, source=source, block_size=block_size, max_model_len=max_model_len,
+        implementations={k: chosen[k].name for k in KINDS}, load_format=_load_format(settings.load_format, source),
         eos_token_ids=tuple(dict.fromkeys(model.eos_token_ids + extra_eos)),
-        generation_defaults=generation_defaults,
     )
     spec = EngineSpec(config, catalog, chosen, ctx)
     logger.info("engine: %s", ", ".join(f"{k}={chosen[k].name}" for k in KINDS))

@@ -7,7 +7,8 @@ from typing import Any
 
 from infer_core.config import KINDS
 from infer_core.interfaces import RuntimeContext
-from infer_core.loader import KIND_INFO, Catalog, choose_names, load_catalog, pick_device, pick_dtype, runtime_probe
+from infer_core.loader import KIND_INFO, Catalog, choose_names, load_catalog
+from infer_core.platform import make_runtime_context
 from infer_core.settings import load_settings
 
 
@@ -43,11 +44,7 @@ def runtime_context(settings_kwargs: dict[str, Any]) -> tuple[Any, Catalog, Runt
         model = read_model_config(resolve_model_source(settings.model))
     except Exception as e:  # report what can be reported without a model
         return settings, catalog, None, str(e)
-    num_gpus, capability = runtime_probe()
-    device = pick_device(settings.device, num_gpus)
-    ctx = RuntimeContext(device, pick_dtype(settings.dtype, device, model.torch_dtype), model, settings,
-                         capability if device == "cuda" else None, num_gpus)
-    return settings, catalog, ctx, None
+    return settings, catalog, make_runtime_context(settings, model), None
 
 
 def plugins_report(settings_kwargs: dict[str, Any]) -> str:

@@ -50,27 +50,27 @@ class EngineSettings(BaseSettings):
     parallel: str | None = Field(None, description="parallel strategy; unset = single, or tp when tensor_parallel_size > 1")
     decoding: str = Field("standard", description="decoding policy")
     plugins: Annotated[list[str] | None, NoDecode] = Field(
-        None, description="comma-separated entry-point names to load (unset = all installed)"
+        None, description="comma-separated entry-point names to load (unset = all installed; empty = none)"
     )
 
     # memory and batching
     block_size: int | None = Field(None, ge=1, description="tokens per KV block; unset = the attention backend's default")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="share of GPU memory the engine may use")
     num_kv_blocks: int | None = Field(None, ge=1, description="KV blocks to allocate, overriding sizing")
-    kv_cache_gb: float | None = Field(None, gt=0, description="GiB for the KV cache (default: profiled on CUDA, 4 on CPU)")
+    kv_cache_gb: float | None = Field(None, gt=0, description="GiB for the KV cache (default: profiled on CUDA, 2 on CPU)")
     max_model_len: int | None = Field(None, ge=1, description="context length limit; unset = the model's")
     max_num_seqs: int = Field(256, ge=1, description="most requests in one step")
     max_num_batched_tokens: int = Field(8192, ge=1, description="most tokens in one step (prefill chunk budget)")
     enable_prefix_caching: bool = Field(True, description="reuse KV blocks of shared prompt prefixes")
-    enforce_eager: bool = Field(False, description="never capture CUDA graphs")
+    enforce_eager: bool = Field(False, description="never capture CUDA graphs (this version runs every step eagerly)")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs the model is split over")
 
     # server
-    host: str = Field("127.0.0.1", description="address the server binds")
-    port: int = Field(8000, ge=0, le=65535, description="port the server binds")
-    served_model_name: str | None = Field(None, description="model name clients use (default: the model's)")
-    max_queued_requests: int = Field(1024, ge=1, description="waiting requests beyond which the server answers 503")
-    api_key: str | None = Field(None, description="when set, /v1 requests need 'Authorization: Bearer <key>'")
+    host: str = Field("127.0.0.1", description="address the server binds (for the HTTP server)")
+    port: int = Field(8000, ge=0, le=65535, description="port the server binds (for the HTTP server)")
+    served_model_name: str | None = Field(None, description="model name clients use (for the HTTP server; default: the model's)")
+    max_queued_requests: int = Field(1024, ge=1, description="waiting requests beyond which the server answers 503 (for the HTTP server)")
+    api_key: str | None = Field(None, description="when set, /v1 requests need 'Authorization: Bearer <key>' (for the HTTP server)")
 
     @field_validator("dtype", mode="before")
     @classmethod

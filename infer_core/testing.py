@@ -42,12 +42,13 @@ def make_tiny_checkpoint(kind: str, folder: str | Path, seed: int = 0, **overrid
     values = {**_BASE, **TINY_ARCHITECTURES[kind], **overrides}
     model_type = values.pop("model_type")
     config = AutoConfig.for_model(model_type, **values)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():  # non-trivial norm weights and biases, so a wrong mapping cannot hide
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight") or name.endswith(".bias"):
-                param.add_(torch.randn_like(param) * 0.1)
+    with torch.random.fork_rng(devices=[]):  # the caller's global RNG state is left as it was
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        with torch.no_grad():  # non-trivial norm weights and biases, so a wrong mapping cannot hide
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight") or name.endswith(".bias"):
+                    param.add_(torch.randn_like(param) * 0.1)
     folder = Path(folder)
     model.save_pretrained(folder, safe_serialization=True)
     return folder
@@ -83,3 +84,24 @@ class LogitsRecorder:
     def __exit__(self, *exc) -> None:
         self.engine.executor.execute = self._execute
         self.engine.executor.collective_rpc("set_return_logits", False)
+
+
+def install_plugin_package(root: str | Path, distribution: str, entry_point: str, package: str,
+                           files: dict[str, str], version: str = "0.1.0") -> Path:
+    """Write an installed plugin distribution into ``root``: a package and its ``.dist-info``.
+
+    ``files`` maps module file names to their source; the entry point names ``package.plugin``.
+    Put ``root`` on ``sys.path`` (or PYTHONPATH) and importlib.metadata finds it like a
+    pip-installed one.
+    """
+    root = Path(root)
+    folder = root / package
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "__init__.py").write_text("")
+    for name, source in files.items():
+        (folder / name).write_text(source)
+    dist = root / f"{distribution.replace('-', '_')}-{version}.dist-info"
+    dist.mkdir(exist_ok=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n")
+    (dist / "entry_points.txt").write_text(f"[infer_core.plugins]\n{entry_point} = {package}.plugin\n")
+    return root

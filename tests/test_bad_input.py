@@ -104,3 +104,36 @@ def test_duplicate_request_id_is_refused(engine):
     engine.add_request("same", [3, 4, 5], GREEDY)
     with pytest.raises(ValueError, match="already in use"):
         engine.add_request("same", [3, 4, 5], GREEDY)
+
+
+def test_completion_ids_of_n_do_not_collide(engine):
+    engine.add_request("a", [3, 4, 5], SamplingParams(n=2, max_tokens=30, ignore_eos=True, temperature=1.0, seed=1))
+    with pytest.raises(ValueError, match=r"request id '0_a' is already in use"):
+        engine.add_request("0_a", [3, 4, 5], GREEDY)
+    engine.add_request("1_b", [3, 4, 5], GREEDY)
+    with pytest.raises(ValueError, match=r"completion id of request 'b' '1_b' is already in use"):
+        engine.add_request("b", [3, 4, 5], SamplingParams(n=2))
+    results = _drain(engine)
+    assert set(results) == {"a", "1_b"}
+
+
+def test_a_failed_step_stops_the_engine(engine):
+    """Ctrl-C (or any error) inside a step leaves its state half-updated: the engine refuses to go on."""
+    engine.add_request("x", list(range(3, 40)), GREEDY)
+    execute = engine.executor.execute
+
+    def interrupted(scheduler_output):
+        execute(scheduler_output)
+        raise KeyboardInterrupt
+
+    engine.executor.execute = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        engine.step()
+    engine.executor.execute = execute
+    from infer_core.errors import EngineDeadError
+
+    with pytest.raises(EngineDeadError, match="restart it"):
+        engine.step()
+    with pytest.raises(EngineDeadError):
+        engine.add_request("y", [3, 4], GREEDY)
+    assert engine.abort("x").finished  # aborting (and freeing) still works

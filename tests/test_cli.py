@@ -32,3 +32,9 @@ def test_plugins_lists_every_kind():
                   "decoding policies:", "model architectures:"):
         assert label in result.stdout
     assert "* torch" in result.stdout and "* LlamaForCausalLM" in result.stdout
+
+
+def test_bad_sampling_values_fail_before_the_model_loads():
+    result = run_infer("generate", "hi", "--temperature", "-1", timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["error: temperature must be >= 0, got -1.0"]

@@ -548,6 +548,19 @@ def test_a_waiting_request_is_counted_once_however_often_it_is_retried():
     assert stats.prefix_hit_tokens == 8
 
 
+def test_equal_arrival_times_are_ordered_by_priority():
+    h = Harness(block_size=4, num_blocks=64, max_num_seqs=1, max_num_batched_tokens=64, max_model_len=64,
+                enable_prefix_caching=False)
+    for rid, priority in (("late", 2), ("urgent", 0), ("middle", 1)):
+        assert h.add(make_request(rid, [1, 2, 3], max_tokens=1, arrival_time=5.0, priority=priority))
+    assert h.add(make_request("first", [1, 2, 3], max_tokens=1, arrival_time=1.0, priority=9))
+    order = []
+    for _ in range(8):
+        out = h.step(never_eos)
+        order += [new.request_id for new in out.new_requests]
+    assert order == ["first", "urgent", "middle", "late"]
+
+
 def test_eviction_takes_the_least_recently_freed_cached_block():
     allocator = PagedKVAllocator(num_blocks=4, block_size=2, enable_prefix_caching=True)
 

@@ -121,3 +121,39 @@ def test_rope_reads_old_and_new_config_layouts():
     with pytest.raises(ModelError, match=r"lacks the required key 'num_hidden_layers'"):
         model_config_from_dict({k: v for k, v in base.items() if k != "num_hidden_layers"})
     assert json.dumps(old.raw)  # the original dict is kept for plugins
+
+
+def test_checkpoint_missing_a_fused_shard_or_with_a_stranger(tmp_path, tiny_checkpoint):
+    from safetensors.torch import load_file, save_file
+
+    source = tiny_checkpoint("llama")
+    tensors = load_file(source / "model.safetensors")
+    for name, change in (("no-k", lambda t: t.pop("model.layers.0.self_attn.k_proj.weight")),
+                         ("stranger", lambda t: t.__setitem__("model.layers.0.mlp.extra.weight", torch.zeros(2)))):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text((source / "config.json").read_text())
+        edited = dict(tensors)
+        change(edited)
+        save_file(edited, folder / "model.safetensors")
+        expected = (r"lacks 1 weights, e.g. model.layers.0.self_attn.qkv_proj.weight" if name == "no-k" else
+                    r"checkpoint tensor 'model.layers.0.mlp.extra.weight' matches no parameter")
+        with pytest.raises(ModelError, match=expected):
+            LLM(str(folder))
+
+
+def test_quantized_checkpoint_without_a_quantizer(tmp_path, tiny_checkpoint):
+    from infer_core.errors import PluginError
+
+    config = json.loads((tiny_checkpoint("qwen3") / "config.json").read_text())
+    for quantization, ok in (({"quant_method": "awq", "bits": 4}, False), (None, True)):
+        folder = tmp_path / str(ok)
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({**config, "quantization_config": quantization}))
+        if ok:
+            assert LLM(str(folder), load_format="dummy").engine.config.implementations["quantization"] == "none"
+        else:
+            with pytest.raises(PluginError, match=r"the checkpoint is quantized with 'awq' \(quantization_config"
+                                                  r".quant_method\) and no installed quantizer handles it. Installed "
+                                                  r"quantizers: none \(infer-core\)"):
+                LLM(str(folder), load_format="dummy")

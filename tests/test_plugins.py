@@ -12,6 +12,7 @@ import pytest
 from infer_core import LLM, SamplingParams
 from infer_core.errors import PluginError, SettingsError
 from infer_core.loader import load_catalog
+from infer_core.testing import install_plugin_package
 
 PLUGIN = textwrap.dedent('''
     from infer_core.hookspecs import hookimpl
@@ -49,18 +50,9 @@ HEAVY = "raise ImportError('the heavy kernel library is not installed')\n"
 
 def install_plugin(root, name: str = "infer-test-plugin", entry: str = "counting-plugin", version: str = "0.3.0"):
     """A real installed distribution: package + .dist-info with an entry point, on sys.path."""
-    module = name.replace("-", "_")
-    package = root / module
-    package.mkdir(parents=True, exist_ok=True)
-    (package / "__init__.py").write_text("")
-    (package / "plugin.py").write_text(PLUGIN.replace("infer_test_plugin", module))
-    (package / "backends.py").write_text(BACKENDS)
-    (package / "heavy.py").write_text(HEAVY)
-    dist = root / f"{module}-{version}.dist-info"
-    dist.mkdir(exist_ok=True)
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-    (dist / "entry_points.txt").write_text(f"[infer_core.plugins]\n{entry} = {module}.plugin\n")
-    return root
+    package = name.replace("-", "_")
+    files = {"plugin.py": PLUGIN.replace("infer_test_plugin", package), "backends.py": BACKENDS, "heavy.py": HEAVY}
+    return install_plugin_package(root, name, entry, package, files, version)
 
 
 @pytest.fixture

@@ -62,6 +62,8 @@ VOCAB = len(LOGITS)
     (dict(logprobs=True), "logprobs", "[0, 20]"),
     (dict(n=True), "n", ">= 1"),
     (dict(max_tokens=True), "max_tokens", ">= 1"),
+    (dict(stop=123), "stop", "a string or a list of strings"),
+    (dict(stop_token_ids=5), "stop_token_ids", "a list of token ids"),
 ])
 def test_invalid_value_names_field_and_range(kwargs, field, allowed):
     with pytest.raises(ValueError) as info:
@@ -368,7 +370,7 @@ def _prompt(length: int, start: int = 3) -> list[int]:
 
 
 def _llm(path: str, **settings) -> LLM:
-    """An engine on the tiny checkpoint with a small KV pool (the CPU default fills 4 GiB)."""
+    """An engine on the tiny checkpoint with a small KV pool."""
     return LLM(path, **{"num_kv_blocks": 256, **settings})
 
 
@@ -423,6 +425,20 @@ def test_seeded_request_reproduces_across_batches_and_preemption(tiny_path):
     other_seed = _completions(_llm(tiny_path), [prompt], SamplingParams(seed=1235, temperature=0.9, max_tokens=24,
                                                                        ignore_eos=True))[0]
     assert sum(a != b for a, b in zip(alone, other_seed)) > 12
+
+
+def test_unseeded_sampling_follows_the_engine_seed_not_the_global_rng(tiny_path):
+    import torch
+
+    params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
+    first = _completions(_llm(tiny_path, seed=3), [_prompt(9)], params)
+    torch.manual_seed(999)
+    torch.rand(1000)  # whatever the user's own code draws
+    llm = _llm(tiny_path, seed=3)
+    state = torch.get_rng_state()
+    assert _completions(llm, [_prompt(9)], params) == first
+    assert torch.equal(torch.get_rng_state(), state)  # and the engine drew nothing from the global RNG
+    assert _completions(_llm(tiny_path, seed=4), [_prompt(9)], params) != first
 
 
 def test_top_k_1_equals_greedy_through_the_engine(tiny_path):

@@ -183,6 +183,25 @@ def test_stop_strings_wait_for_min_tokens(llm, reference):
     assert late.text == full.text[: full.text.index("capital")] and late.stop_reason == "capital"
 
 
+def test_stop_token_text_is_left_out_unless_asked_for(llm, reference, tokenizer):
+    full = reference["france"][-1].outputs[0]
+    question = [{"role": "user", "content": CHATS["france"]}]
+    stop_id = full.token_ids[3]  # a word token of the answer
+    excluded, included = (o.outputs[0] for o in llm.chat(
+        [question] * 2,
+        [SamplingParams(temperature=0, max_tokens=MAX_TOKENS, stop_token_ids=[stop_id]),
+         SamplingParams(temperature=0, max_tokens=MAX_TOKENS, stop_token_ids=[stop_id],
+                        include_stop_str_in_output=True)],
+        use_tqdm=False))
+    assert excluded.token_ids == included.token_ids == full.token_ids[:4]
+    assert excluded.stop_reason == stop_id and excluded.finish_reason == "stop"
+    assert excluded.text == tokenizer.decode(full.token_ids[:3], skip_special_tokens=True)
+    assert included.text == tokenizer.decode(full.token_ids[:4], skip_special_tokens=True)
+    eos_kept = llm.chat(question, SamplingParams(temperature=0, max_tokens=MAX_TOKENS, skip_special_tokens=False),
+                        use_tqdm=False)[0].outputs[0]
+    assert eos_kept.token_ids[-1] in llm.engine.eos_token_ids and not eos_kept.text.endswith("<|im_end|>")
+
+
 # ---------------------------------------------------------------------------------------------
 # forced tokens: the output processor and the detokenizer on known token sequences
 

@@ -14,20 +14,20 @@ from infer_core.interfaces import AttentionBackend, AttentionLayer, BatchMetadat
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Scatter new K/V rows into the paged cache; slots < 0 (padding) are skipped."""
+    """Scatter new K/V rows of the real (unpadded) tokens into the paged cache."""
     num_kv_heads, head_dim = kv_cache.shape[-2:]
     slots = slot_mapping.long()
-    valid = slots >= 0
-    if not bool(valid.all()):
-        slots, k, v = slots[valid], k[valid], v[valid]
     kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k)
     kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v)
 
 
-def _key_mask(query_pos: torch.Tensor, num_keys: int, seq_len: torch.Tensor, window: int | None) -> torch.Tensor:
-    """[..., q, keys] True where a query at ``query_pos`` may attend key position t."""
+def _key_mask(query_pos: torch.Tensor, num_keys: int, seq_len: torch.Tensor | int, window: int | None) -> torch.Tensor:
+    """[..., q, keys] True where a query at ``query_pos`` may attend key position t.
+
+    ``seq_len`` is an int or a tensor already shaped to broadcast against ``[..., q, keys]``.
+    """
     t = torch.arange(num_keys, device=query_pos.device)
-    mask = (t <= query_pos.unsqueeze(-1)) & (t < seq_len.unsqueeze(-1))
+    mask = (t <= query_pos.unsqueeze(-1)) & (t < seq_len)
     if window is not None:
         mask &= t > query_pos.unsqueeze(-1) - window
     return mask
@@ -35,7 +35,7 @@ def _key_mask(query_pos: torch.Tensor, num_keys: int, seq_len: torch.Tensor, win
 
 class TorchAttentionBackend(AttentionBackend):
     def forward(self, layer: AttentionLayer, q, k, v, kv_cache, metadata: BatchMetadata):
-        n = metadata.num_tokens
+        n = metadata.num_tokens  # rows past it are padding (never written)
         write_kv(kv_cache, k[:n], v[:n], metadata.slot_mapping[:n])
         out = torch.zeros_like(q)
         num_decodes = metadata.num_decode_only
@@ -62,7 +62,7 @@ class TorchAttentionBackend(AttentionBackend):
         max_len = int(seq_lens_cpu.max())
         k, v = self._gather(kv_cache, md.block_tables[:num_decodes], -(-max_len // block_size))
         seq_lens = md.seq_lens[:num_decodes]
-        mask = _key_mask((seq_lens - 1).unsqueeze(-1), k.shape[1], seq_lens.unsqueeze(-1), layer.sliding_window)
+        mask = _key_mask((seq_lens - 1).unsqueeze(-1), k.shape[1], seq_lens[:, None, None], layer.sliding_window)
         # q [R, 1, H, D] -> [R, H, 1, D]; k/v [R, S, Hk, D] -> [R, Hk, S, D]
         o = F.scaled_dot_product_attention(
             q.unsqueeze(1).transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
@@ -76,7 +76,7 @@ class TorchAttentionBackend(AttentionBackend):
         k, v = self._gather(kv_cache, block_table, -(-seq_len // block_size))
         k, v = k[:seq_len], v[:seq_len]
         query_pos = torch.arange(seq_len - query_len, seq_len, device=q.device)
-        mask = _key_mask(query_pos, seq_len, torch.tensor(seq_len, device=q.device), layer.sliding_window)
+        mask = _key_mask(query_pos, seq_len, seq_len, layer.sliding_window)
         o = F.scaled_dot_product_attention(
             q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
             attn_mask=mask, scale=layer.scale, enable_gqa=layer.num_heads != layer.num_kv_heads,

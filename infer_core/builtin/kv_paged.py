@@ -26,6 +26,7 @@ class PagedKVAllocator(KVAllocator):
         self.cached: dict[BlockKey, int] = {}
         self.seq_blocks: dict[str, list[int]] = {}
         self.seq_keys: dict[str, list[BlockKey]] = {}
+        self.seq_num_cached: dict[str, int] = {}  # leading blocks of a sequence already offered to the cache
         self.queried_tokens = 0
         self.hit_tokens = 0
 
@@ -34,23 +35,24 @@ class PagedKVAllocator(KVAllocator):
         return len(self.free_blocks) + len(self.evictable)
 
     def _keys(self, seq_id: str | None, token_ids: Sequence[int], num_full_blocks: int) -> list[BlockKey]:
-        """Chained keys of the first ``num_full_blocks`` blocks (memoised per sequence)."""
-        keys = self.seq_keys.get(seq_id, []) if seq_id is not None else []
+        """The sequence's memoised chained block keys, extended to at least ``num_full_blocks``
+        (``seq_id`` None: computed afresh, not remembered)."""
+        keys = [] if seq_id is None else self.seq_keys.setdefault(seq_id, [])
         bs = self.block_size
         while len(keys) < num_full_blocks:
             i = len(keys)
             parent = hash(keys[-1]) if keys else _ROOT
             keys.append((parent, tuple(token_ids[i * bs : (i + 1) * bs])))
-        if seq_id is not None:
-            self.seq_keys[seq_id] = keys
-        return keys[:num_full_blocks]
+        return keys
 
     def lookup_prefix(self, seq_id: str, token_ids: Sequence[int], max_tokens: int) -> PrefixHit:
         if not self.enable_prefix_caching:
             return PrefixHit()
         hits: list[int] = []
-        for key in self._keys(seq_id, token_ids, max_tokens // self.block_size):
-            block = self.cached.get(key)
+        num_full = max_tokens // self.block_size
+        keys = self._keys(seq_id, token_ids, num_full)
+        for i in range(num_full):
+            block = self.cached.get(keys[i])
             if block is None:
                 break
             hits.append(block)
@@ -100,14 +102,18 @@ class PagedKVAllocator(KVAllocator):
             return
         blocks = self.seq_blocks.get(seq_id, [])
         num_full = min(num_computed_tokens // self.block_size, len(blocks))
-        for i, key in enumerate(self._keys(seq_id, token_ids, num_full)):
-            block = blocks[i]
+        start = self.seq_num_cached.get(seq_id, 0)  # blocks before it were handled on earlier steps
+        keys = self._keys(seq_id, token_ids, num_full)
+        for i in range(start, num_full):
+            block, key = blocks[i], keys[i]
             if self.block_keys[block] is None and key not in self.cached:
                 self.block_keys[block] = key
                 self.cached[key] = block
+        self.seq_num_cached[seq_id] = max(start, num_full)
 
     def free(self, seq_id: str) -> None:
         self.seq_keys.pop(seq_id, None)
+        self.seq_num_cached.pop(seq_id, None)
         # Tail blocks first: they are the least likely to be shared, so they are evicted first.
         for block in reversed(self.seq_blocks.pop(seq_id, [])):
             self.ref_counts[block] -= 1

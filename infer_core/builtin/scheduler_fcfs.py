@@ -81,7 +81,11 @@ class FCFSScheduler(Scheduler):
             raise RequestError(f"request id {request.request_id!r} is already in use", param="request_id")
         self.check_admission(request)
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        # Arrival order; equal arrival times are ordered by priority (lower first).
+        index = len(self.waiting)
+        while index and _age(self.waiting[index - 1]) > _age(request):
+            index -= 1
+        self.waiting.insert(index, request)
 
     # scheduling ----------------------------------------------------------------------------
 
@@ -96,9 +100,21 @@ class FCFSScheduler(Scheduler):
         self.finished_ids.add(request.request_id)  # the runner drops its state; it is re-sent as new
         self.waiting.appendleft(request)
 
-    def _num_new_tokens(self, request: Request, budget: int) -> int:
-        pending = request.num_tokens + len(request.spec_token_ids) - request.num_computed_tokens
-        return max(0, min(pending, budget))
+    def _num_new_tokens(self, request: Request, budget: int) -> tuple[int, list[int]]:
+        """Tokens to compute this step, and the draft tokens among them.
+
+        Drafts ride along a decode step only, all of them or none, and never past max_model_len
+        or max_tokens.
+        """
+        pending = request.num_tokens - request.num_computed_tokens
+        drafts: list[int] = []
+        if pending == 1 and request.spec_token_ids:
+            room = min(self.config.max_model_len - request.num_tokens,
+                       request.max_tokens - request.num_output_tokens - 1)
+            drafts = request.spec_token_ids[: max(room, 0)]
+            if pending + len(drafts) > budget:
+                drafts = []
+        return max(0, min(pending + len(drafts), budget)), drafts
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -110,7 +126,7 @@ class FCFSScheduler(Scheduler):
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = self._num_new_tokens(request, budget)
+            num_new, drafts = self._num_new_tokens(request, budget)
             if num_new == 0:
                 continue
             target = min(request.num_computed_tokens + num_new + self.config.num_lookahead_tokens,
@@ -129,14 +145,14 @@ class FCFSScheduler(Scheduler):
                 request.request_id, request.all_token_ids[request.num_synced_tokens:], new_blocks,
                 request.num_computed_tokens,
             ))
-            self._scheduled(out, request, num_new)
+            self._scheduled(out, request, num_new, drafts)
             budget -= num_new
 
         while self.waiting and budget > 0 and not preempted and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             prefix = allocator.lookup_prefix(request.request_id, request.all_token_ids, request.num_tokens - 1)
             request.num_computed_tokens = prefix.num_tokens
-            num_new = self._num_new_tokens(request, budget)
+            num_new, drafts = self._num_new_tokens(request, budget)
             if allocator.allocate(request.request_id, prefix.num_tokens + num_new, prefix) is None:
                 request.num_computed_tokens = 0
                 break
@@ -150,17 +166,17 @@ class FCFSScheduler(Scheduler):
                 request.request_id, list(request.all_token_ids), request.num_prompt_tokens,
                 request.sampling_params, allocator.block_ids(request.request_id), request.num_computed_tokens,
             ))
-            self._scheduled(out, request, num_new)
+            self._scheduled(out, request, num_new, drafts)
             budget -= num_new
 
         out.finished_request_ids = self.finished_ids
         self.finished_ids = set()
         return out
 
-    def _scheduled(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
+    def _scheduled(self, out: SchedulerOutput, request: Request, num_new: int, drafts: list[int]) -> None:
         out.num_scheduled_tokens[request.request_id] = num_new
-        if request.spec_token_ids:
-            out.spec_token_ids[request.request_id] = list(request.spec_token_ids)
+        if drafts:
+            out.spec_token_ids[request.request_id] = list(drafts)
         request.num_synced_tokens = request.num_tokens
         self.kv_allocator.cache_blocks(request.request_id, request.all_token_ids,
                                        min(request.num_computed_tokens + num_new, request.num_tokens))

@@ -37,6 +37,9 @@ class EngineCounters:
 
 
 class Engine:
+    """The step loop. Not thread-safe: every call must come from one thread (the server runs the
+    engine on its own loop and talks to it through queues)."""
+
     def __init__(self, spec: EngineSpec) -> None:
         self.spec = spec
         self.tokenizer = load_tokenizer(spec.config)
@@ -51,15 +54,16 @@ class Engine:
         try:
             num_blocks = self._size_kv_cache(self.executor.start())
             self.executor.init_kv_cache(num_blocks)
+            self.num_kv_blocks = num_blocks
+            self.decoding = spec.chosen["decoding"].load()(spec.context)
+            allocator = spec.chosen["kv_allocator"].load()(num_blocks, config.block_size,
+                                                           settings.enable_prefix_caching)
+            scheduler_config = SchedulerConfig(settings.max_num_seqs, settings.max_num_batched_tokens,
+                                               config.max_model_len, self.decoding.num_speculative_tokens)
+            self.scheduler = spec.chosen["scheduler"].load()(scheduler_config, allocator)
         except BaseException:
-            self.executor.shutdown()
+            self.executor.shutdown()  # no worker outlives a failed start
             raise
-        self.num_kv_blocks = num_blocks
-        self.decoding = spec.chosen["decoding"].load()(spec.context)
-        allocator = spec.chosen["kv_allocator"].load()(num_blocks, config.block_size, settings.enable_prefix_caching)
-        scheduler_config = SchedulerConfig(settings.max_num_seqs, settings.max_num_batched_tokens, config.max_model_len,
-                                           self.decoding.num_speculative_tokens)
-        self.scheduler = spec.chosen["scheduler"].load()(scheduler_config, allocator)
         self.outputs = OutputProcessor(self.tokenizer)
         self.counters = EngineCounters()
         self._ids = itertools.count()
@@ -122,8 +126,12 @@ class Engine:
         self._check_alive()
         params = params or SamplingParams()
         request_id = request_id if request_id is not None else str(next(self._ids))
-        if request_id in self.outputs.parents:
-            raise RequestError(f"request id {request_id!r} is already in use", param="request_id")
+        children = [(request_id if params.n == 1 else f"{i}_{request_id}", params if params.n == 1 else params.for_child(i))
+                    for i in range(params.n)]
+        for taken in (request_id, *(cid for cid, _ in children)):
+            if self.outputs.is_known(taken) or self.scheduler.get(taken) is not None:
+                what = "request id" if taken == request_id else f"completion id of request {request_id!r}"
+                raise RequestError(f"{what} {taken!r} is already in use", param="request_id")
         if params.stop and self.tokenizer is None:
             raise RequestError("stop strings need a tokenizer and this model has none; use stop_token_ids",
                                param="stop")
@@ -131,8 +139,6 @@ class Engine:
         remaining = self.config.max_model_len - len(prompt_ids)
         max_tokens = min(params.max_tokens or remaining, max(remaining, 1))
         arrival = time.monotonic() if arrival_time is None else arrival_time
-        children = [(request_id if params.n == 1 else f"{i}_{request_id}", params if params.n == 1 else params.for_child(i))
-                    for i in range(params.n)]
         requests = [Request(cid, list(prompt_ids), cparams, max_tokens, self.eos_token_ids, priority, arrival)
                     for cid, cparams in children]
         added: list[str] = []
@@ -165,19 +171,24 @@ class Engine:
             raise EngineDeadError("the engine stopped after an error; restart it")
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled step; return the RequestOutputs that progressed."""
+        """Run one scheduled step; return the RequestOutputs that progressed.
+
+        A failure (or KeyboardInterrupt) mid-step leaves scheduler, KV cache and outputs out of
+        step with each other, so the engine is then dead: further calls raise EngineDeadError.
+        """
         self._check_alive()
-        if self.decoding.num_speculative_tokens:
-            for request_id, draft in self.decoding.propose(self._running_requests()).items():
-                request = self.scheduler.get(request_id)
-                if request is not None:
-                    request.spec_token_ids = draft
-        scheduler_output = self.scheduler.schedule()
         try:
-            runner_output = self.executor.execute(scheduler_output)
-        except Exception:
+            return self._step()
+        except BaseException:
             self.is_dead = True
             raise
+
+    def _step(self) -> list[RequestOutput]:
+        drafted = self._propose_drafts()
+        scheduler_output = self.scheduler.schedule()
+        for request in drafted:
+            request.spec_token_ids = []  # drafts are good for one step only
+        runner_output = self.executor.execute(scheduler_output)
         if scheduler_output.is_empty and self.scheduler.num_unfinished:
             raise RuntimeError("the scheduler made no progress with requests pending; this is a bug")
         accepted = self.decoding.accept(scheduler_output, runner_output)
@@ -189,8 +200,18 @@ class Engine:
         self._count_finished(outputs)
         return outputs
 
-    def _running_requests(self) -> list[Request]:
-        return [r for r in (self.scheduler.get(c) for c in self.outputs.parent_of) if r is not None]
+    def _propose_drafts(self) -> list[Request]:
+        """Ask a speculative policy for this step's drafts; the requests that got some."""
+        if not self.decoding.num_speculative_tokens:
+            return []
+        live = [r for r in (self.scheduler.get(c) for c in self.outputs.parent_of) if r is not None]
+        drafted = []
+        for request_id, draft in self.decoding.propose(live).items():
+            request = self.scheduler.get(request_id)
+            if request is not None and draft:
+                request.spec_token_ids = list(draft[: self.decoding.num_speculative_tokens])
+                drafted.append(request)
+        return drafted
 
     def _count_finished(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:

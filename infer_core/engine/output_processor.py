@@ -54,6 +54,11 @@ def _snapshot(output: CompletionOutput) -> CompletionOutput:
                    logprobs=None if output.logprobs is None else list(output.logprobs))
 
 
+def _ended_on_stop_token(update: RequestUpdate) -> bool:
+    """The update's last token is the EOS or a stop_token_id that finished the request."""
+    return update.finished and update.request.status is RequestStatus.FINISHED_STOPPED and bool(update.new_token_ids)
+
+
 class OutputProcessor:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
@@ -70,6 +75,10 @@ class OutputProcessor:
             sequences[child_id] = _Sequence(output, params, detok)
             self.parent_of[child_id] = request_id
         self.parents[request_id] = _Parent(request_id, prompt, prompt_token_ids, sequences, RequestMetrics(arrival_time))
+
+    def is_known(self, request_id: str) -> bool:
+        """An id in use by a live request or by one of its completions."""
+        return request_id in self.parents or request_id in self.parent_of
 
     def children_of(self, request_id: str) -> list[str]:
         parent = self.parents.get(request_id)
@@ -95,7 +104,10 @@ class OutputProcessor:
         stopped = False
         if seq.detokenizer is not None:
             previous_len = len(out.text)
-            out.text += seq.detokenizer.update(update.new_token_ids)
+            text_ids = update.new_token_ids
+            if _ended_on_stop_token(update) and not params.include_stop_str_in_output:
+                text_ids = text_ids[:-1]  # as vLLM: the EOS / stop token id ends the text, it is not in it
+            out.text += seq.detokenizer.update(text_ids)
             if params.stop and len(out.token_ids) >= params.min_tokens:  # as vLLM: not within min_tokens
                 stopped = self._find_stop(seq, previous_len)
         if update.finished and not stopped:

@@ -32,6 +32,7 @@ class SamplingBatch:
     output_counts: torch.Tensor | None = None  # [R, V] float32 occurrences of each token in the output
     seen_mask: torch.Tensor | None = None  # [R, V] bool, token in prompt or output
     banned: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, token ids) masked (min_tokens)
+    generator: torch.Generator | None = None  # unseeded rows draw from it (the runner's, not torch's global)
     seeds: list[int | None] | None = None  # per row; with ``positions`` selects a generator state
     positions: list[int] | None = None  # per row: index of the output token being sampled
     max_num_logprobs: int | None = None  # None: no row wants logprobs; 0: only the sampled token's
@@ -82,7 +83,7 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 
 
 def _exponential_noise(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    q = torch.empty_like(probs).exponential_()
+    q = torch.empty_like(probs).exponential_(generator=batch.generator)
     if batch.seeds is not None:
         generator = torch.Generator(device=probs.device)
         for row, seed in enumerate(batch.seeds):

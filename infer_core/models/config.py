@@ -62,11 +62,6 @@ class ModelConfig:
             return None
         return self.sliding_windows[layer_idx]
 
-    def kv_bytes_per_token(self, dtype_bytes: int, num_kv_heads: int | None = None) -> int:
-        """Bytes of K and V one token occupies across all layers."""
-        heads = self.num_kv_heads if num_kv_heads is None else num_kv_heads
-        return 2 * self.num_layers * heads * self.head_dim * dtype_bytes
-
 
 def _eos_ids(value: Any) -> tuple[int, ...]:
     if value is None:

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from infer_core.errors import ModelError
 from infer_core.interfaces import AttentionLayer
 from infer_core.layers.activation import SiluAndMul
 from infer_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -118,6 +119,11 @@ _FUSED = {
 }
 
 
+def _expected_shards(target: str) -> set:
+    expected = {shard for fragment, (fused, shard) in _FUSED.items() if fused in target}
+    return expected or {None}
+
+
 class LlamaForCausalLM(nn.Module):
     """Entry point the runner uses: ``forward`` → hidden states, ``compute_logits``, ``load_weights``."""
 
@@ -137,9 +143,13 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Copy checkpoint tensors (HF names) into the fused, sharded parameters; return names loaded."""
+        """Copy checkpoint tensors (HF names) into the fused, sharded parameters.
+
+        Returns the parameters fully loaded: a fused one counts only once all its shards (q, k and
+        v; gate and up) arrived.
+        """
         params = dict(self.named_parameters(remove_duplicate=False))
-        loaded: set[str] = set()
+        shards: dict[str, set] = {}
         for name, tensor in weights:
             if "rotary_emb.inv_freq" in name:
                 continue
@@ -152,11 +162,12 @@ class LlamaForCausalLM(nn.Module):
                     break
             param = params.get(target)
             if param is None:
-                raise KeyError(f"checkpoint tensor {name!r} has no matching parameter ({target!r})")
+                raise ModelError(f"checkpoint tensor {name!r} matches no parameter of {type(self).__name__}; "
+                                 f"is config.json of the same model?")
             loader = getattr(param, "weight_loader", None)
             if loader is None:
                 param.data.copy_(tensor.to(param.dtype))
             else:
                 loader(param, tensor, shard_id)
-            loaded.add(target)
-        return loaded
+            shards.setdefault(target, set()).add(shard_id)
+        return {target for target, got in shards.items() if got >= _expected_shards(target)}

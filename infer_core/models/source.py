@@ -91,16 +91,11 @@ def _architecture_of(model_type: str) -> str:
     return names.get(model_type, model_type)
 
 
-GENERATION_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
-
-
-def read_generation_config(source: ModelSource) -> tuple[tuple[int, ...], dict]:
-    """(extra end-of-sequence ids, sampling defaults) from ``generation_config.json`` if present."""
+def read_generation_eos(source: ModelSource) -> tuple[int, ...]:
+    """Extra end-of-sequence ids from ``generation_config.json`` (Llama 3 instruct lists several)."""
     path = source.path / "generation_config.json"
     if source.gguf_file is not None or not path.is_file():
-        return (), {}
+        return ()
     with open(path) as f:
-        d = json.load(f)
-    eos = d.get("eos_token_id")
-    eos_ids = () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))
-    return eos_ids, {k: d[k] for k in GENERATION_KEYS if d.get(k) is not None}
+        eos = json.load(f).get("eos_token_id")
+    return () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))

@@ -56,6 +56,9 @@ def build_step_inputs(
         input_ids[start:end] = fed + spec[: query_lens[i] - len(fed)]
         positions[start:end] = np.arange(computed, computed + query_lens[i])
         seq_lens[i] = computed + query_lens[i]
+        if seq_lens[i] > len(state.block_ids) * block_size:  # would write into another request's block
+            raise RuntimeError(f"request {rid}: {seq_lens[i]} tokens but blocks for "
+                               f"{len(state.block_ids) * block_size}; scheduler and runner disagree")
         block_tables[i, : len(state.block_ids)] = state.block_ids
         if computed + query_lens[i] >= len(state.token_ids):  # reached the end of known tokens
             first = end - 1 - len(spec)

@@ -8,14 +8,7 @@ import time
 import torch
 
 from infer_core.config import EngineConfig
-from infer_core.interfaces import (
-    NewRequestData,
-    ParallelContext,
-    RunnerOutput,
-    RuntimeContext,
-    SchedulerOutput,
-    TokenLogprobs,
-)
+from infer_core.interfaces import NewRequestData, ParallelContext, RunnerOutput, SchedulerOutput, TokenLogprobs
 from infer_core.layers.sampler import SamplerOutput, sample
 from infer_core.loader import Catalog
 from infer_core.models.build import BuildContext
@@ -37,9 +30,7 @@ class ModelRunner:
         self.parallel = parallel
         self.device = device
         self.dtype = DTYPES[config.dtype]
-        self.ctx = RuntimeContext(config.device, config.dtype, config.model, config.settings,
-                                  torch.cuda.get_device_capability(device) if device.type == "cuda" else None,
-                                  torch.cuda.device_count() if device.type == "cuda" else 0)
+        self.ctx = config.context
         names = config.implementations
         self.attention = catalog.load_class("attention", names["attention"])(self.ctx)
         self.quantizer = catalog.load_class("quantization", names["quantization"])(self.ctx)
@@ -48,6 +39,9 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.requests: dict[str, RequestState] = {}
         self.return_logits = False  # tests and accuracy checks: copy sampled positions' logits to the host
+        # Unseeded sampling draws from this generator, not torch's global one: reproducible run to
+        # run, and unaffected by (and not affecting) whatever else the process draws.
+        self.generator = torch.Generator(device=device).manual_seed(config.settings.seed)
 
     @property
     def num_kv_heads(self) -> int:
@@ -83,11 +77,17 @@ class ModelRunner:
         return cuda_num_blocks(s.gpu_memory_utilization, s.kv_cache_gb, self.bytes_per_block(), self.device, max_useful)
 
     def _dummy_step(self) -> None:
-        """One forward + sampling at the largest step the scheduler may produce."""
+        """One forward + sampling at the largest step the scheduler may produce.
+
+        The batch holds the longest prefill chunk that fits next to ``max_num_seqs - 1`` one-token
+        requests, and every row samples with top-k, top-p, penalties and 20 logprobs: the peak of
+        both the forward pass and the sampler.
+        """
         s = self.config.settings
-        num_tokens = min(s.max_num_batched_tokens, s.max_num_seqs * self.config.max_model_len)
-        num_reqs = min(s.max_num_seqs, num_tokens)
-        per_req = [num_tokens // num_reqs + (1 if i < num_tokens % num_reqs else 0) for i in range(num_reqs)]
+        num_reqs = max(1, min(s.max_num_seqs, s.max_num_batched_tokens))
+        longest = max(1, min(s.max_num_batched_tokens - (num_reqs - 1), self.config.max_model_len - 1))
+        per_req = [longest] + [1] * (num_reqs - 1)
+        params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, repetition_penalty=1.1, logprobs=20)
         block_size = self.config.block_size
         blocks_needed = [-(-n // block_size) for n in per_req]
         self.kv_caches = allocate_kv_caches(self.config.model.num_layers, sum(blocks_needed), block_size,
@@ -98,7 +98,7 @@ class ModelRunner:
             ids = list(range(next_block, next_block + blocks_needed[i]))
             next_block += blocks_needed[i]
             rid = f"profile-{i}"
-            output.new_requests.append(NewRequestData(rid, [0] * n, n, SamplingParams(temperature=1.0), ids, 0))
+            output.new_requests.append(NewRequestData(rid, [0] * n, n, params, ids, 0))
             output.num_scheduled_tokens[rid] = n
         self.execute(output)
         self.requests.clear()
@@ -111,6 +111,18 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> RunnerOutput:
+        if self.device.type != "cpu":
+            return self._execute(output)
+        # Denormal activations (seen in GGUF-dequantized models) make CPU kernels ~10x slower;
+        # flushing them to zero changes nothing measurable. Only for our step: the thread's mode
+        # is put back to IEEE behaviour afterwards.
+        torch.set_flush_denormal(True)
+        try:
+            return self._execute(output)
+        finally:
+            torch.set_flush_denormal(False)
+
+    def _execute(self, output: SchedulerOutput) -> RunnerOutput:
         apply_scheduler_output(self.requests, output)
         if output.is_empty:
             return RunnerOutput()
@@ -125,7 +137,8 @@ class ModelRunner:
         if logits is None:  # not the rank that samples
             return RunnerOutput(inputs.request_ids, sampled, logprobs)
         states = [self.requests[inputs.request_ids[row]] for row in inputs.sample_rows]
-        batch = build_sampling_batch(states, self.config.model.vocab_size, self.config.eos_token_ids, self.device)
+        batch = build_sampling_batch(states, self.config.model.vocab_size, self.config.eos_token_ids, self.device,
+                                     self.generator)
         result = sample(logits, batch)
         self._collect(inputs, states, result, sampled, logprobs)
         output = RunnerOutput(inputs.request_ids, sampled, logprobs)

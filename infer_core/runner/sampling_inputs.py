@@ -12,13 +12,26 @@ def _column(values: list, dtype: torch.dtype, device: torch.device) -> torch.Ten
     return torch.tensor(values, dtype=dtype, device=device)
 
 
+def _output_positions(states: list[RequestState]) -> list[int]:
+    """Index of the output token each row samples (a request verifying drafts has several rows)."""
+    seen: dict[str, int] = {}
+    positions = []
+    for state in states:
+        offset = seen.get(state.request_id, 0)
+        positions.append(state.num_output_tokens + offset)
+        seen[state.request_id] = offset + 1
+    return positions
+
+
 def build_sampling_batch(
-    states: list[RequestState], vocab_size: int, eos_token_ids: tuple[int, ...], device: torch.device
+    states: list[RequestState], vocab_size: int, eos_token_ids: tuple[int, ...], device: torch.device,
+    generator: torch.Generator | None = None,
 ) -> SamplingBatch:
     """One row per sampled position; only the features some row uses are materialised."""
     params = [s.sampling_params for s in states]
     temperature = [0.0 if p.is_greedy else float(p.temperature) for p in params]
-    batch = SamplingBatch(temperature=_column(temperature, torch.float32, device), all_greedy=all(t == 0 for t in temperature))
+    batch = SamplingBatch(temperature=_column(temperature, torch.float32, device),
+                          all_greedy=all(t == 0 for t in temperature), generator=generator)
     if not batch.all_greedy:
         if any(p.top_k > 0 for p in params):
             batch.top_k = _column([p.top_k for p in params], torch.int64, device)
@@ -28,7 +41,7 @@ def build_sampling_batch(
             batch.min_p = _column([p.min_p for p in params], torch.float32, device)
         if any(p.seed is not None for p in params):
             batch.seeds = [p.seed for p in params]
-            batch.positions = [s.num_output_tokens for s in states]
+            batch.positions = _output_positions(states)
     if any(p.has_penalties for p in params):
         counts = torch.zeros(len(states), vocab_size, dtype=torch.float32)
         seen = torch.zeros(len(states), vocab_size, dtype=torch.bool)

@@ -1,0 +1,47 @@
+"""Where the engine runs: the CUDA devices present, the device and dtype chosen, the RuntimeContext."""
+
+from __future__ import annotations
+
+import os
+
+from infer_core.errors import SettingsError
+from infer_core.interfaces import RuntimeContext
+from infer_core.models.config import ModelConfig
+from infer_core.settings import EngineSettings
+
+
+def runtime_probe() -> tuple[int, tuple[int, int] | None]:
+    """(number of CUDA devices, capability of device 0) without initialising kernels libraries."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0, None
+    return torch.cuda.device_count(), torch.cuda.get_device_capability(0)
+
+
+def pick_device(requested: str, num_gpus: int) -> str:
+    if requested == "cuda" and num_gpus == 0:
+        raise SettingsError("INFER_DEVICE=cuda but CUDA is not available here; use INFER_DEVICE=cpu or auto")
+    if requested == "auto":
+        return "cuda" if num_gpus else "cpu"
+    return requested
+
+
+def pick_dtype(requested: str, device: str, checkpoint_dtype: str | None) -> str:
+    """float32 on CPU by default; on CUDA the checkpoint's half type, bfloat16 otherwise."""
+    if requested != "auto":
+        if device == "cpu" and requested == "float16":
+            raise SettingsError("float16 is not supported on the CPU; use INFER_DTYPE=float32 or bfloat16")
+        return requested
+    if device == "cpu":
+        return "float32"
+    return checkpoint_dtype if checkpoint_dtype in ("bfloat16", "float16") else "bfloat16"
+
+
+def make_runtime_context(settings: EngineSettings, model: ModelConfig) -> RuntimeContext:
+    """The one RuntimeContext of an engine: implementations are validated and built against it."""
+    num_gpus, capability = runtime_probe()
+    device = pick_device(settings.device, num_gpus)
+    dtype = pick_dtype(settings.dtype, device, model.torch_dtype)
+    return RuntimeContext(device, dtype, model, settings, capability if device == "cuda" else None, num_gpus,
+                          os.environ.get("TRITON_INTERPRET") == "1")
