@@ -259,7 +259,10 @@ class EngineSpec:
     config: EngineConfig
     catalog: Catalog
     chosen: dict[str, Implementation]
-    context: RuntimeContext
+
+    @property
+    def context(self) -> RuntimeContext:
+        return self.config.context
 
 
 def assemble(settings: EngineSettings, catalog: Catalog | None = None) -> EngineSpec:
@@ -269,8 +272,8 @@ def assemble(settings: EngineSettings, catalog: Catalog | None = None) -> Engine
     catalog = catalog or load_catalog(settings.plugins)
     source = resolve_model_source(settings.model)
     model = read_model_config(source)
-    catalog.resolve("model", model.architecture, _placeholder_ctx(settings, model))
     ctx = make_runtime_context(settings, model)
+    catalog.resolve("model", model.architecture, ctx)
     names = choose_names(settings, catalog, ctx)
     chosen = {kind: catalog.resolve(kind, names[kind], ctx) for kind in KINDS}
     chosen["model"] = catalog.get("model", model.architecture)
@@ -287,14 +290,10 @@ def assemble(settings: EngineSettings, catalog: Catalog | None = None) -> Engine
         implementations={k: chosen[k].name for k in KINDS}, load_format=_load_format(settings.load_format, source),
         eos_token_ids=tuple(dict.fromkeys(model.eos_token_ids + extra_eos)),
     )
-    spec = EngineSpec(config, catalog, chosen, ctx)
+    spec = EngineSpec(config, catalog, chosen)
     logger.info("engine: %s", ", ".join(f"{k}={chosen[k].name}" for k in KINDS))
     catalog.plugin_manager.hook.engine_configured(spec=spec)
     return spec
-
-
-def _placeholder_ctx(settings: EngineSettings, model: Any) -> RuntimeContext:
-    return RuntimeContext("cpu", "float32", model, settings)
 
 
 def _load_format(requested: str, source: Any) -> str:
