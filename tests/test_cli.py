@@ -38,3 +38,14 @@ def test_bad_sampling_values_fail_before_the_model_loads():
     result = run_infer("generate", "hi", "--temperature", "-1", timeout=60)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == ["error: temperature must be >= 0, got -1.0"]
+
+
+def test_interactive_chat_keeps_the_conversation():
+    executable = shutil.which("infer")
+    command = [executable] if executable else [sys.executable, "-m", "infer_core.cli"]
+    result = subprocess.run([*command, "--log-level", "WARNING", "chat", "--max-tokens", "24"],
+                            input="What is the capital of France?\nAnd of Italy?\n\n", capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    answers = [line.removeprefix("> ") for line in result.stdout.splitlines() if line.strip("> ")]
+    assert len(answers) == 2 and "Paris" in answers[0] and "Rome" in answers[1]
