@@ -73,7 +73,11 @@ def test_real_sized_model_sizes_kv_by_profiling(tmp_path, caplog):
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("KV cache:"))
     assert f"{llm.engine.num_kv_blocks} blocks of 16 tokens" in line
     free, total = torch.cuda.mem_get_info()
-    assert free < 0.2 * total  # the pool took what gpu_memory_utilization allows
+    kv_bytes = sum(t.numel() * t.element_size() for t in llm.engine.executor.worker.runner.kv_caches)
+    # The pool takes what gpu_memory_utilization (0.9) leaves after weights and the profiled peak,
+    # which keeps the whole process under 90% of the GPU and leaves a 0.6B model most of it for KV.
+    assert total - free <= 0.9 * total
+    assert kv_bytes >= 0.6 * total
     rng = random.Random(0)
     prompts = [[rng.randrange(0, 151936) for _ in range(rng.randrange(10, 1500))] for _ in range(24)]
     outputs = llm.generate(prompts, SamplingParams(temperature=0.6, max_tokens=64, ignore_eos=True), use_tqdm=False)

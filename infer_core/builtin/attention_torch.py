@@ -74,11 +74,17 @@ class TorchAttentionBackend(AttentionBackend):
         block_size = kv_cache.shape[2]
         query_len = q.shape[0]
         k, v = self._gather(kv_cache, block_table, -(-seq_len // block_size))
-        k, v = k[:seq_len], v[:seq_len]
-        query_pos = torch.arange(seq_len - query_len, seq_len, device=q.device)
-        mask = _key_mask(query_pos, seq_len, seq_len, layer.sliding_window)
-        o = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-            attn_mask=mask, scale=layer.scale, enable_gqa=layer.num_heads != layer.num_kv_heads,
-        )
-        return o.transpose(0, 1)
+        # [1, heads, tokens, head_dim]: SDPA's flash and memory-efficient kernels take only 4-D
+        # inputs, and not enable_gqa, so the KV heads are expanded; otherwise it falls back to the
+        # math kernel, which materialises [heads, queries, keys] scores (9 GB for an 8k prompt).
+        q, k, v = (x.transpose(0, 1).unsqueeze(0) for x in (q, k[:seq_len], v[:seq_len]))
+        if layer.num_heads != layer.num_kv_heads:
+            group = layer.num_heads // layer.num_kv_heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        if query_len == seq_len and layer.sliding_window is None:  # a whole prompt: plain causal
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=layer.scale)
+        else:
+            query_pos = torch.arange(seq_len - query_len, seq_len, device=q.device)
+            mask = _key_mask(query_pos, seq_len, seq_len, layer.sliding_window)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=layer.scale)
+        return o[0].transpose(0, 1)
