@@ -132,8 +132,9 @@ class FCFSScheduler(Scheduler):
             target = min(request.num_computed_tokens + num_new + self.config.num_lookahead_tokens,
                          self.max_slots(request))
             while (new_blocks := allocator.allocate(request.request_id, target)) is None:
-                # ``running`` is in age order, ties in arrival order: its last is the newest and is not in
-                # this step's batch yet (max() by age picks the first of equal ages: n children of a prompt).
+                # ``running`` is kept in age order (equal ages in arrival order), so its last is the
+                # newest, and never a request already placed in this step's batch, even when the
+                # n completions of one prompt share an age.
                 victim = self.running[-1]
                 self._preempt(victim)
                 preempted = True
