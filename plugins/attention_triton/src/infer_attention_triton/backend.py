@@ -1,0 +1,103 @@
+"""The ``triton`` attention backend: KV write, then one decode and one prefill/extend launch per layer.
+
+Requests come decode-only first (``BatchMetadata.num_decode_only``), so a mixed step is a
+split-K decode launch over requests ``[0, num_decode_only)`` and a prefill launch over the rest.
+Host-side choices (split count, scratch for the partials) are made in ``build_metadata``, once
+per step; ``forward`` only launches kernels: no host sync, no lengths read back from the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from infer_attention_triton.capabilities import CAPABILITIES, validate_context
+from infer_attention_triton.decode import SplitScratch, decode_attention
+from infer_attention_triton.kv_write import write_kv
+from infer_attention_triton.prefill import prefill_attention
+from infer_attention_triton.tiles import choose_num_splits, decode_tiles, prefill_tiles
+from infer_core.interfaces import AttentionBackend, AttentionCapabilities, AttentionLayer, BatchMetadata, RuntimeContext
+
+
+@dataclass(slots=True)
+class TritonMetadata:
+    """The common metadata plus this backend's per-step launch choices."""
+
+    common: BatchMetadata
+    num_splits: int  # split-K factor of the decode launch
+    scratch: SplitScratch | None  # partials of split-K decode (None when num_splits == 1)
+
+
+def multiprocessor_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter: a few "SMs", so small CPU batches still take the split-K path
+
+
+class TritonAttentionBackend(AttentionBackend):
+    @classmethod
+    def capabilities(cls, ctx: RuntimeContext) -> AttentionCapabilities:
+        return CAPABILITIES
+
+    @classmethod
+    def validate(cls, ctx: RuntimeContext) -> list[str]:
+        return validate_context(ctx)
+
+    def __init__(self, ctx: RuntimeContext) -> None:
+        super().__init__(ctx)
+        # Query heads of the whole model: an upper bound for the heads on any rank.
+        self.num_heads = ctx.model.num_heads
+        self.num_kv_heads = ctx.model.num_kv_heads
+        self.head_dim = ctx.model.head_dim
+        self.decode_tiles = decode_tiles(self.head_dim)
+        self.prefill_tiles = prefill_tiles(self.head_dim)
+        self._scratch: SplitScratch | None = None
+        self._num_sms: int | None = None
+
+    def build_metadata(self, common: BatchMetadata) -> TritonMetadata:
+        """Pick the decode split count from the batch and context length; grow scratch if needed.
+
+        For CUDA-graph capture, build the captured batch's metadata with ``max_seq_len`` set to
+        the longest context the graph will see (``max_model_len``): the split count, and so the
+        launch grid, then depends only on the batch size.
+        """
+        num_decodes = common.num_decode_only
+        if num_decodes == 0:
+            return TritonMetadata(common, 1, None)
+        device = common.seq_lens.device
+        if self._num_sms is None:
+            self._num_sms = multiprocessor_count(device)
+        num_splits = choose_num_splits(num_decodes, self.num_kv_heads, common.max_seq_len, self._num_sms,
+                                       self.decode_tiles.block_n)
+        if num_splits == 1:
+            return TritonMetadata(common, 1, None)
+        if self._scratch is None or not self._scratch.fits(num_decodes, self.num_heads, num_splits, self.head_dim):
+            old = self._scratch.part_out.shape if self._scratch is not None else (0, 0, 0, 0)
+            self._scratch = SplitScratch.allocate(max(num_decodes, old[0]), self.num_heads, max(num_splits, old[2]),
+                                                  self.head_dim, device)
+        return TritonMetadata(common, num_splits, self._scratch)
+
+    def forward(self, layer: AttentionLayer, q, k, v, kv_cache, metadata: TritonMetadata | BatchMetadata):
+        if isinstance(metadata, BatchMetadata):  # called without build_metadata (tests, tools)
+            metadata = self.build_metadata(metadata)
+        md = metadata.common
+        n = md.num_tokens  # rows past it are padding: their KV is not written
+        write_kv(kv_cache, k[:n], v[:n], md.slot_mapping[:n])
+        out = torch.empty_like(q)
+        num_decodes = md.num_decode_only
+        if num_decodes:
+            decode_attention(
+                q[:num_decodes], kv_cache, md.block_tables, md.seq_lens, out,
+                scale=layer.scale, num_splits=metadata.num_splits, tiles=self.decode_tiles,
+                sliding_window=layer.sliding_window, scratch=metadata.scratch,
+            )
+        if md.num_reqs > num_decodes:
+            prefill_attention(
+                q, kv_cache, md.block_tables, md.seq_lens, md.query_start_loc, out,
+                scale=layer.scale, first_req=num_decodes, num_reqs=md.num_reqs - num_decodes,
+                max_query_len=md.max_query_len, tiles=self.prefill_tiles, sliding_window=layer.sliding_window,
+            )
+        return out
+
+

@@ -1,0 +1,64 @@
+"""Public: scatter a step's new K/V into the paged cache, one launch for every token and head.
+
+``write_kv`` is imported by other plugins (the flash backend), so its signature is kept stable.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _write_kv_kernel(
+    key_ptr, value_ptr, cache_ptr, slot_mapping_ptr,
+    stride_key_t, stride_key_h, stride_value_t, stride_value_h,
+    stride_cache_kv, stride_cache_slot, stride_cache_h,
+    num_kv_heads, head_dim,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """One program per token: copies its [num_kv_heads, head_dim] K and V rows to their slot."""
+    token = tl.program_id(0)
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    if slot < 0:  # a token whose KV is not kept (padding)
+        return
+    heads = tl.arange(0, BLOCK_H)[:, None]
+    dims = tl.arange(0, BLOCK_D)[None, :]
+    mask = (heads < num_kv_heads) & (dims < head_dim)
+    token = token.to(tl.int64)
+    key = tl.load(key_ptr + token * stride_key_t + heads * stride_key_h + dims, mask=mask)
+    value = tl.load(value_ptr + token * stride_value_t + heads * stride_value_h + dims, mask=mask)
+    dst = cache_ptr + slot * stride_cache_slot + heads * stride_cache_h + dims
+    tl.store(dst, key.to(cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst + stride_cache_kv, value.to(cache_ptr.dtype.element_ty), mask=mask)
+
+
+def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Write ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` into ``kv_cache`` at ``slot_mapping``.
+
+    ``kv_cache`` is ``[2, num_blocks, block_size, num_kv_heads, head_dim]``; slot ``s`` is token
+    ``s % block_size`` of block ``s // block_size``; a slot of -1 is skipped. One launch for the
+    whole batch; no host sync, so it may run under CUDA-graph capture.
+    """
+    num_tokens, num_kv_heads, head_dim = key.shape
+    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2 or tuple(kv_cache.shape[3:]) != (num_kv_heads, head_dim):
+        raise ValueError(f"kv_cache {tuple(kv_cache.shape)} is not [2, num_blocks, block_size, "
+                         f"{num_kv_heads}, {head_dim}] for key {tuple(key.shape)}")
+    if value.shape != key.shape or slot_mapping.shape[0] < num_tokens:
+        raise ValueError(f"value {tuple(value.shape)} / slot_mapping {tuple(slot_mapping.shape)} do not match "
+                         f"key {tuple(key.shape)}")
+    if key.stride(2) != 1 or value.stride(2) != 1:
+        raise ValueError("key and value need a contiguous last (head_dim) dimension")
+    if kv_cache.stride(4) != 1 or kv_cache.stride(1) != kv_cache.shape[2] * kv_cache.stride(2):
+        raise ValueError("write_kv needs a kv_cache whose blocks are contiguous (as allocated by the runner)")
+    if num_tokens == 0:
+        return
+    _write_kv_kernel[(num_tokens,)](
+        key, value, kv_cache, slot_mapping,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        kv_cache.stride(0), kv_cache.stride(2), kv_cache.stride(3),
+        num_kv_heads, head_dim,
+        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        num_warps=4 if num_kv_heads * head_dim >= 1024 else 1,
+    )

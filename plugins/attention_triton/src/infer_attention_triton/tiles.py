@@ -1,0 +1,67 @@
+"""Tile shapes per head_dim and the decode split count: the host-side choices made once per step."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeTiles:
+    block_n: int  # context tokens per loop iteration
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillTiles:
+    block_m: int  # query tokens per program
+    block_n: int  # keys per loop iteration
+    num_warps: int
+    num_stages: int
+
+
+def is_interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def decode_tiles(head_dim: int) -> DecodeTiles:
+    if is_interpreted():  # numpy runs every program: small tiles keep the CPU tests fast
+        return DecodeTiles(block_n=16, num_warps=1, num_stages=1)
+    if head_dim >= 256:
+        return DecodeTiles(block_n=32, num_warps=4, num_stages=3)
+    return DecodeTiles(block_n=64, num_warps=4, num_stages=3)
+
+
+def prefill_tiles(head_dim: int) -> PrefillTiles:
+    if is_interpreted():
+        return PrefillTiles(block_m=16, block_n=16, num_warps=1, num_stages=1)
+    if head_dim >= 256:
+        return PrefillTiles(block_m=64, block_n=32, num_warps=4, num_stages=2)
+    if head_dim >= 128:
+        return PrefillTiles(block_m=128, block_n=64, num_warps=8, num_stages=3)
+    return PrefillTiles(block_m=128, block_n=64, num_warps=4, num_stages=3)
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """float32 caches are for accuracy (and the interpreter): no TF32 rounding in their dots."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+MAX_SPLITS = 64
+MIN_TILES_PER_SPLIT = 4
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int, block_n: int) -> int:
+    """Splits of the context per (request, KV head) so that the decode grid fills the GPU.
+
+    Aims at about two programs per SM; a split keeps at least ``MIN_TILES_PER_SPLIT`` tiles so
+    the merge stays cheap next to the reads. A power of two, so few kernel variants exist.
+    """
+    programs = max(1, num_seqs * num_kv_heads)
+    wanted = -(-2 * num_sms // programs)
+    most = max(1, -(-max_seq_len // block_n) // MIN_TILES_PER_SPLIT)
+    splits = max(1, min(wanted, most, MAX_SPLITS))
+    return 1 << (splits - 1).bit_length() if splits > 1 else 1
