@@ -71,6 +71,8 @@ class EngineSettings(BaseSettings):
     served_model_name: str | None = Field(None, description="model name clients use (for the HTTP server; default: the model's)")
     max_queued_requests: int = Field(1024, ge=1, description="waiting requests beyond which the server answers 503 (for the HTTP server)")
     api_key: str | None = Field(None, description="when set, /v1 requests need 'Authorization: Bearer <key>' (for the HTTP server)")
+    max_request_bytes: int = Field(16 * 1024 * 1024, ge=1, description="largest request body the server reads; larger gets 413 (for the HTTP server)")
+    shutdown_timeout: float = Field(30.0, ge=0, description="seconds SIGTERM waits for running requests before aborting them (for the HTTP server)")
 
     @field_validator("dtype", mode="before")
     @classmethod

@@ -1,0 +1,71 @@
+"""The Litestar app: ``create_app(settings)``, and ``app`` for ``uvicorn infer_core.server.app:app``.
+
+The lifespan starts the engine thread and returns at once, so the server answers (``/health``
+503) while the model loads; on exit it aborts what still runs and stops the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from litestar import Litestar, Router
+from litestar.datastructures import State
+from litestar.openapi import OpenAPIConfig
+
+from infer_core.server.errors import EXCEPTION_HANDLERS
+from infer_core.server.http import require_api_key
+from infer_core.server.info_routes import detokenize, health, list_models, metrics, plugins, tokenize
+from infer_core.server.openai_routes import chat_completions, completions
+from infer_core.server.state import ServerState, served_model_name
+from infer_core.settings import EngineSettings, load_settings
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(settings: EngineSettings | None = None) -> Litestar:
+    """An app serving one model; the engine loads when the app starts (lifespan)."""
+    settings = settings or load_settings()
+    server = ServerState(settings, served_model_name(settings))
+
+    @asynccontextmanager
+    async def lifespan(_: Litestar) -> AsyncIterator[None]:
+        server.engine.start(asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            await server.engine.drain(0)  # whatever still runs ends with "abort"
+            await asyncio.to_thread(server.engine.shutdown)
+            logger.info("engine stopped")
+
+    protected = Router("/", route_handlers=[chat_completions, completions, list_models, plugins, tokenize, detokenize],
+                       guards=[require_api_key])
+    return Litestar(
+        route_handlers=[protected, health, metrics],
+        lifespan=[lifespan],
+        state=State({"server": server}),
+        exception_handlers=EXCEPTION_HANDLERS,
+        request_max_body_size=settings.max_request_bytes,
+        openapi_config=OpenAPIConfig(title="infer", version=_version(), path="/docs"),
+        logging_config=None,
+    )
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("infer-core")
+    except PackageNotFoundError:
+        return "0"
+
+
+def __getattr__(name: str) -> Any:
+    """``app``, built from INFER_* variables on first access (``uvicorn infer_core.server.app:app``)."""
+    if name == "app":
+        globals()["app"] = built = create_app()
+        return built
+    raise AttributeError(name)

@@ -1,0 +1,131 @@
+"""The path chat and completions share: context check, submission, merged streams, cleanup.
+
+One HTTP request may carry several prompts (completions' list form); each becomes one engine
+request of ``n`` completions. Whatever way the HTTP request ends — finished, error, client gone —
+every engine request it started is finished or aborted, so no KV block outlives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from infer_core.engine.async_engine import RequestStream
+from infer_core.errors import EngineDeadError, RequestError
+from infer_core.outputs import RequestOutput
+from infer_core.sampling_params import SamplingParams
+from infer_core.server.errors import OpenAIError, bad_request
+from infer_core.server.state import ServerState
+
+
+@dataclass(frozen=True, slots=True)
+class PromptInput:
+    text: str | None  # the prompt as text (for echo), when known
+    token_ids: list[int]
+
+
+@dataclass(slots=True)
+class Submitted:
+    index: int  # which prompt of the HTTP request
+    prompt: PromptInput
+    stream: RequestStream
+    final: RequestOutput | None = None
+
+
+def completion_budget(state: ServerState, num_prompt_tokens: int, requested: int | None, param: str) -> int:
+    """max_tokens for a prompt; 400 context_length_exceeded when prompt + completion exceed the context."""
+    limit = state.max_model_len
+    completion = requested if requested is not None else max(1, limit - num_prompt_tokens)
+    if requested is not None and requested < 1:
+        raise bad_request(f"{param} must be at least 1, got {requested}", param=param)
+    if num_prompt_tokens + completion > limit:
+        raise OpenAIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                               f"{num_prompt_tokens + completion} tokens ({num_prompt_tokens} in the messages, "
+                               f"{completion} in the completion). Please reduce the length of the messages or "
+                               f"completion.", param="messages", code="context_length_exceeded")
+    return completion
+
+
+def sampling_error(error: ValueError) -> OpenAIError:
+    """SamplingParams' messages start with the field's name; that is the param."""
+    message = str(error)
+    field_name = message.split(" ", 1)[0]
+    return bad_request(message, param=field_name if field_name.isidentifier() else None)
+
+
+async def submit(state: ServerState, request_id: str, prompts: list[PromptInput],
+                 params_for: Callable[[PromptInput], SamplingParams]) -> list[Submitted]:
+    """Queue every prompt; on any failure, abort those already queued and raise the HTTP error."""
+    state.require_ready()
+    state.check_queue()
+    try:
+        params = [params_for(p) for p in prompts]
+    except ValueError as e:
+        raise sampling_error(e) from None
+    submitted: list[Submitted] = []
+    try:
+        for index, (prompt, sp) in enumerate(zip(prompts, params)):
+            rid = request_id if len(prompts) == 1 else f"{request_id}-{index}"
+            stream = await state.engine.add_request(rid, prompt.token_ids, sp)
+            submitted.append(Submitted(index, prompt, stream))
+    except BaseException as e:
+        abort_unfinished(state, submitted)
+        if isinstance(e, RequestError):
+            raise OpenAIError(400, str(e), param=e.param, code=e.code) from None
+        if isinstance(e, EngineDeadError):
+            raise OpenAIError(503, str(e), headers={"Retry-After": "5"}) from None
+        raise
+    return submitted
+
+
+def abort_unfinished(state: ServerState, submitted: list[Submitted]) -> None:
+    for item in submitted:
+        if not item.stream.finished:
+            state.engine.abort(item.stream.request_id)
+
+
+async def merged(state: ServerState, submitted: list[Submitted]) -> AsyncIterator[tuple[Submitted, RequestOutput]]:
+    """Outputs of every submitted request as they come; aborts the unfinished ones if left early."""
+    if len(submitted) == 1:
+        item = submitted[0]
+        try:
+            async for output in item.stream:
+                item.final = output
+                yield item, output
+        finally:
+            abort_unfinished(state, submitted)
+        return
+    queue: asyncio.Queue[tuple[Submitted, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+    async def pump(item: Submitted) -> None:
+        try:
+            async for output in item.stream:
+                await queue.put((item, output))
+        except BaseException as e:
+            await queue.put((item, e))
+        await queue.put((item, None))
+
+    tasks = [asyncio.ensure_future(pump(item)) for item in submitted]
+    remaining = len(submitted)
+    try:
+        while remaining:
+            item, output = await queue.get()
+            if output is None:
+                remaining -= 1
+            elif isinstance(output, BaseException):
+                raise output
+            else:
+                item.final = output
+                yield item, output
+    finally:
+        for task in tasks:
+            task.cancel()
+        abort_unfinished(state, submitted)
+
+
+async def collect(state: ServerState, submitted: list[Submitted]) -> list[Submitted]:
+    """Run every request to its end (non-streaming responses)."""
+    async for _ in merged(state, submitted):
+        pass
+    return submitted

@@ -1,0 +1,96 @@
+"""Prometheus metrics under vLLM's names with the ``infer:`` prefix, labelled ``model_name``.
+
+Gauges and counters are read at scrape time from the engine thread's last snapshot (a custom
+collector: no locking on the hot path); latency histograms are observed on the engine thread as
+outputs arrive. Each app owns its registry, so several apps can live in one process (tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from infer_core.engine.async_engine import EngineSnapshot
+from infer_core.outputs import RequestOutput
+
+PREFIX = "infer:"
+FINISH_REASONS = ("stop", "length", "abort")
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                    20.0, 40.0, 80.0, 160.0, 640.0)
+
+
+class _SnapshotCollector(Collector):
+    def __init__(self, model_name: str, snapshot: Callable[[], EngineSnapshot]) -> None:
+        self.model_name = model_name
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator:
+        s = self.snapshot()
+        label = [self.model_name]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(PREFIX + name, doc, labels=["model_name"])
+            family.add_metric(label, value)
+            return family
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+            family.add_metric(label, value)
+            return family
+
+        yield gauge("num_requests_running", "Requests in the running batch.", s.num_running)
+        yield gauge("num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting)
+        yield gauge("kv_cache_usage_perc", "Share of KV-cache blocks in use (1 = full).", s.kv_usage)
+        yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", s.prefix_queried_tokens)
+        yield counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_hit_tokens)
+        yield counter("num_preemptions", "Requests preempted to free KV blocks.", s.num_preemptions)
+        yield counter("prompt_tokens", "Prompt tokens admitted.", s.prompt_tokens)
+        yield counter("generation_tokens", "Tokens generated.", s.generation_tokens)
+        success = CounterMetricFamily(PREFIX + "request_success", "Completions finished, by finish reason.",
+                                      labels=["model_name", "finished_reason"])
+        for reason in sorted(set(FINISH_REASONS) | set(s.finished)):
+            success.add_metric([self.model_name, reason], s.finished.get(reason, 0))
+        yield success
+
+
+class ServerMetrics:
+    """The app's registry; ``observe`` runs on the engine thread after every step."""
+
+    def __init__(self, model_name: str, snapshot: Callable[[], EngineSnapshot]) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_SnapshotCollector(model_name, snapshot))
+
+        def histogram(name: str, doc: str) -> Histogram:
+            return Histogram(PREFIX + name, doc, ["model_name"], registry=self.registry,
+                             buckets=_LATENCY_BUCKETS).labels(model_name)
+
+        self.time_to_first_token = histogram("time_to_first_token_seconds", "Arrival to first token.")
+        self.inter_token_latency = histogram("inter_token_latency_seconds", "Time between a request's outputs.")
+        self.e2e_request_latency = histogram("e2e_request_latency_seconds", "Arrival to finish.")
+        self.request_queue_time = histogram("request_queue_time_seconds", "Arrival to first scheduled.")
+        self._last_token_time: dict[str, float] = {}
+
+    def observe(self, outputs: list[RequestOutput], now: float) -> None:
+        for output in outputs:
+            metrics = output.metrics
+            if metrics is None:
+                continue
+            has_tokens = any(c.delta_token_ids for c in output.outputs)
+            last = self._last_token_time.get(output.request_id)
+            if has_tokens:
+                if last is None and metrics.first_token_time is not None:
+                    self.time_to_first_token.observe(metrics.first_token_time - metrics.arrival_time)
+                    if metrics.first_scheduled_time is not None:
+                        self.request_queue_time.observe(max(0.0, metrics.first_scheduled_time - metrics.arrival_time))
+                elif last is not None:
+                    self.inter_token_latency.observe(now - last)
+                self._last_token_time[output.request_id] = now
+            if output.finished:
+                self._last_token_time.pop(output.request_id, None)
+                self.e2e_request_latency.observe(now - metrics.arrival_time)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

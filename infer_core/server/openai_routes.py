@@ -1,0 +1,211 @@
+"""POST /v1/chat/completions and POST /v1/completions."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from litestar import Request, Response, post
+from litestar.response import Stream
+
+from infer_core.outputs import RequestOutput
+from infer_core.server.errors import OpenAIError, bad_request, envelope
+from infer_core.server.generation import PromptInput, Submitted, collect, completion_budget, merged, submit
+from infer_core.server.http import DISCONNECTED, parse_body, unless_disconnected
+from infer_core.server.responses import DONE, chat_logprobs, completion_logprobs, sse, usage
+from infer_core.server.schemas import ChatCompletionRequest, CompletionRequest
+from infer_core.server.state import ServerState
+
+CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, the log does
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+def _usage(submitted: list[Submitted]) -> dict[str, Any]:
+    prompt = sum(len(s.prompt.token_ids) for s in submitted)
+    completion = sum(len(c.token_ids) for s in submitted if s.final for c in s.final.outputs)
+    cached = sum(s.final.num_cached_tokens for s in submitted if s.final)
+    return usage(prompt, completion, cached)
+
+
+def _stream_response(events: AsyncIterator[str]) -> Stream:
+    return Stream(events, media_type="text/event-stream",
+                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _sse_events(state: ServerState, submitted: list[Submitted], chunks, include_usage: bool,
+                      base: dict[str, Any]) -> AsyncIterator[str]:
+    """Shared SSE loop: the chunks of each output, an optional usage chunk, then [DONE]."""
+    try:
+        async for item, output in merged(state, submitted):
+            for payload in chunks(item, output):
+                yield sse({**base, **payload, **({"usage": None} if include_usage else {})})
+        if include_usage:
+            yield sse({**base, "choices": [], "usage": _usage(submitted)})
+    except OpenAIError as e:
+        yield sse(envelope(e.status, e.message, e.param, e.code))
+    except Exception as e:  # the engine died mid-stream: say so in-band, the status is already sent
+        yield sse(envelope(503, str(e)))
+    yield DONE
+
+
+# chat ------------------------------------------------------------------------------------------
+
+def _chat_prompt(state: ServerState, body: ChatCompletionRequest) -> PromptInput:
+    tokenizer = state.tokenizer
+    if tokenizer is None or not tokenizer.chat_template:
+        raise bad_request("this model has no chat template, so /v1/chat/completions cannot format messages; "
+                          "start the server with --chat-template (a Jinja template or file), or use /v1/completions",
+                          param="messages")
+    try:
+        messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
+                    for m in body.messages]
+    except ValueError as e:
+        raise bad_request(str(e), param="messages") from None
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=body.add_generation_prompt,
+                                             **(body.chat_template_kwargs or {}))
+    except Exception as e:
+        raise bad_request(f"the chat template could not format these messages: {e}", param="messages") from None
+    return PromptInput(text, tokenizer.encode(text, add_special_tokens=False))
+
+
+@post("/v1/chat/completions", status_code=200)
+async def chat_completions(request: Request) -> Response | Stream:
+    state = _state(request)
+    body = await parse_body(request, ChatCompletionRequest)
+    state.check_model(body.model)
+    state.require_ready()
+    if body.stream_options is not None and not body.stream:
+        raise bad_request("stream_options is only allowed with stream=true", param="stream_options")
+    try:
+        num_logprobs = body.num_logprobs()
+    except ValueError as e:
+        raise bad_request(str(e), param="top_logprobs") from None
+    prompt = _chat_prompt(state, body)
+    max_tokens = completion_budget(state, len(prompt.token_ids), body.requested_max_tokens(),
+                                   "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens")
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    submitted = await submit(state, request_id, [prompt],
+                             lambda p: body.sampling_params(state.defaults, max_tokens, num_logprobs))
+    base = {"id": request_id, "created": int(time.time()), "model": state.model_name}
+    top = num_logprobs or 0
+    if body.stream:
+        base["object"] = "chat.completion.chunk"
+        return _stream_response(_chat_events(state, submitted, body, base, top))
+    done = await unless_disconnected(request, collect(state, submitted))
+    if done is DISCONNECTED:
+        return Response(b"", status_code=CLIENT_CLOSED)
+    final = submitted[0].final
+    choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+                "logprobs": chat_logprobs(c, top), "finish_reason": c.finish_reason} for c in final.outputs]
+    return Response({**base, "object": "chat.completion", "choices": choices, "usage": _usage(submitted)})
+
+
+def _chat_events(state: ServerState, submitted: list[Submitted], body: ChatCompletionRequest, base: dict[str, Any],
+                 top: int) -> AsyncIterator[str]:
+    started: set[int] = set()
+
+    def chunks(_: Submitted, output: RequestOutput):
+        for c in output.outputs:
+            if not (c.delta_text or c.delta_token_ids or c.finished) and c.index in started:
+                continue
+            delta: dict[str, Any] = {}
+            if c.index not in started:
+                started.add(c.index)
+                delta["role"] = "assistant"
+            if c.delta_text or "role" in delta:
+                delta["content"] = c.delta_text
+            logprobs = chat_logprobs(c, top, delta_only=True) if c.delta_token_ids else None
+            yield {"choices": [{"index": c.index, "delta": delta, "logprobs": logprobs,
+                                "finish_reason": c.finish_reason if c.finished else None}]}
+
+    return _sse_events(state, submitted, chunks, body.include_usage, base)
+
+
+# completions -----------------------------------------------------------------------------------
+
+def _completion_prompts(state: ServerState, body: CompletionRequest) -> list[PromptInput]:
+    try:
+        raw = body.prompts()
+    except ValueError as e:
+        raise bad_request(str(e), param="prompt") from None
+    tokenizer = state.tokenizer
+    prompts = []
+    for p in raw:
+        if isinstance(p, str):
+            if tokenizer is None:
+                raise bad_request("this model has no tokenizer: send the prompt as token ids", param="prompt")
+            prompts.append(PromptInput(p, tokenizer.encode(p)))
+        else:
+            if not p:
+                raise bad_request("a prompt of token ids is empty", param="prompt")
+            prompts.append(PromptInput(None, list(p)))
+    return prompts
+
+
+def _echo_text(state: ServerState, prompt: PromptInput) -> str:
+    if prompt.text is not None:
+        return prompt.text
+    return state.tokenizer.decode(prompt.token_ids) if state.tokenizer is not None else ""
+
+
+@post("/v1/completions", status_code=200)
+async def completions(request: Request) -> Response | Stream:
+    state = _state(request)
+    body = await parse_body(request, CompletionRequest)
+    state.check_model(body.model)
+    state.require_ready()
+    if body.stream_options is not None and not body.stream:
+        raise bad_request("stream_options is only allowed with stream=true", param="stream_options")
+    if body.echo and body.logprobs is not None:
+        raise bad_request("echo together with logprobs is not supported (prompt logprobs are not computed)",
+                          param="echo")
+    prompts = _completion_prompts(state, body)
+    budgets = {id(p): completion_budget(state, len(p.token_ids), body.max_tokens, "max_tokens") for p in prompts}
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    submitted = await submit(state, request_id, prompts,
+                             lambda p: body.sampling_params(state.defaults, budgets[id(p)], body.logprobs))
+    base = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": state.model_name}
+    n = body.n
+    top = body.logprobs or 0
+    if body.stream:
+        return _stream_response(_completion_events(state, submitted, body, base, top))
+    done = await unless_disconnected(request, collect(state, submitted))
+    if done is DISCONNECTED:
+        return Response(b"", status_code=CLIENT_CLOSED)
+    choices = []
+    for item in submitted:
+        prefix = _echo_text(state, item.prompt) if body.echo else ""
+        for c in item.final.outputs:
+            choices.append({"index": item.index * n + c.index, "text": prefix + c.text,
+                            "logprobs": completion_logprobs(c, top, len(prefix)), "finish_reason": c.finish_reason})
+    return Response({**base, "choices": choices, "usage": _usage(submitted)})
+
+
+def _completion_events(state: ServerState, submitted: list[Submitted], body: CompletionRequest,
+                       base: dict[str, Any], top: int) -> AsyncIterator[str]:
+    echoed: set[int] = set()
+    offsets: dict[int, int] = {}
+
+    def chunks(item: Submitted, output: RequestOutput):
+        for c in output.outputs:
+            index = item.index * body.n + c.index
+            text = c.delta_text
+            if body.echo and index not in echoed:
+                echoed.add(index)
+                text = _echo_text(state, item.prompt) + text
+            if not (text or c.delta_token_ids or c.finished):
+                continue
+            logprobs = None
+            if c.delta_token_ids and c.logprobs is not None:
+                logprobs = completion_logprobs(c, top, offsets.get(index, 0), delta_only=True)
+                offsets[index] = offsets.get(index, 0) + sum(len(t) for t in logprobs["tokens"])
+            yield {"choices": [{"index": index, "text": text, "logprobs": logprobs,
+                                "finish_reason": c.finish_reason if c.finished else None}]}
+
+    return _sse_events(state, submitted, chunks, body.include_usage, base)

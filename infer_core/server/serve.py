@@ -1,0 +1,63 @@
+"""``infer serve``: uvicorn around the app, with a graceful SIGTERM.
+
+On SIGTERM (or the first Ctrl-C) the server stops taking requests (503, ``/health`` 503), lets
+running requests finish for up to ``shutdown_timeout`` seconds, aborts the rest (finish_reason
+"abort"), then exits 0. A second Ctrl-C exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from types import FrameType
+
+import uvicorn
+
+from infer_core.server.app import create_app
+from infer_core.settings import EngineSettings
+
+logger = logging.getLogger(__name__)
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn's server, but a stop signal drains the engine before uvicorn shuts down."""
+
+    def __init__(self, config: uvicorn.Config, settings: EngineSettings) -> None:
+        super().__init__(config)
+        self.settings = settings
+        self._draining = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._draining or self._loop is None:
+            self.force_exit = self._draining and sig == signal.SIGINT
+            self.should_exit = True
+            return
+        self._draining = True
+        self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain(sig)))
+
+    async def _drain(self, sig: int) -> None:
+        engine = self.config.app.state.server.engine
+        timeout = self.settings.shutdown_timeout
+        logger.info("received %s: refusing new requests, waiting up to %.0f s for %d running",
+                    signal.Signals(sig).name, timeout, engine.num_unfinished)
+        aborted = await engine.drain(timeout)
+        if aborted:
+            logger.warning("aborted %d requests still running after %.0f s", aborted, timeout)
+        await asyncio.sleep(0.2)  # let the final chunks of the streams reach their clients
+        self.should_exit = True
+
+
+def serve(settings: EngineSettings) -> int:
+    """Run the server until stopped; the exit code."""
+    app = create_app(settings)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
+                            timeout_graceful_shutdown=max(5, int(settings.shutdown_timeout)), access_log=False)
+    server = _DrainingServer(config, settings)
+    server.run()
+    return 0 if server.started else 1
