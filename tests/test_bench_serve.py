@@ -49,6 +49,9 @@ class FakeServerState:
     error_in_stream_every: int | None = (
         None  # every n-th request breaks off with an error event
     )
+    ready_at: float = (
+        0.0  # time.perf_counter() before which the model is "loading" (503)
+    )
     lock: threading.Lock = field(default_factory=threading.Lock)
     bodies: list[dict] = field(default_factory=list)
     arrivals: list[float] = field(default_factory=list)
@@ -74,8 +77,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _is_loading(self) -> bool:
+        return time.perf_counter() < self.state.ready_at
+
     def do_GET(self):
-        if self.path == "/v1/models":
+        if self.path == "/health":
+            if self._is_loading():
+                self._send_json(
+                    503, {"status": "loading", "detail": "the model is still loading"}
+                )
+            else:
+                self._send_json(200, {"status": "ok"})
+        elif self.path == "/v1/models":
             self._send_json(
                 200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]}
             )
@@ -108,6 +121,10 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path not in ("/v1/completions", "/v1/chat/completions"):
             self._leave()
             self._send_json(404, {"error": {"message": f"no route {self.path}"}})
+            return
+        if self._is_loading():
+            self._leave()
+            self._send_json(503, {"error": {"message": "the model is still loading"}})
             return
         if state.fail_every and number % state.fail_every == 0:
             self._leave()
@@ -410,6 +427,21 @@ def test_a_failing_warm_up_stops_the_benchmark(fake_server):
         BenchmarkError, match="warm-up request .* failed: HTTP 500: boom"
     ):
         asyncio.run(benchmark(_config(base_url)))
+
+
+def test_wait_ready_waits_for_a_loading_server(fake_server):
+    base_url, state = fake_server(first_sleep=0.0, chunk_sleep=0.0)
+    state.ready_at = math.inf
+    with pytest.raises(BenchmarkError, match="still loading.*--wait-ready"):
+        asyncio.run(benchmark(_config(base_url)))
+    with pytest.raises(
+        BenchmarkError, match="not ready after 0.2 s.*/health: HTTP 503"
+    ):
+        asyncio.run(benchmark(_config(base_url, wait_ready_s=0.2)))
+    state.ready_at = time.perf_counter() + 0.5
+    result = asyncio.run(benchmark(_config(base_url, num_prompts=2, wait_ready_s=10)))
+    assert time.perf_counter() >= state.ready_at
+    assert result.runs[0].num_completed == 2
 
 
 def test_bad_values_are_refused_before_any_request():

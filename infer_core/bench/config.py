@@ -43,6 +43,7 @@ class ServeBenchConfig:
     temperature: float = 0.0
     warmup: int = 1
     timeout_s: float = 600.0
+    wait_ready_s: float = 0.0
     label: str | None = None
     show_progress: bool = True
 
@@ -58,6 +59,8 @@ class ServeBenchConfig:
         for name in ("num_prompts", "input_len", "output_len"):
             if getattr(self, name) < 1:
                 raise BenchmarkError(f"--{name.replace('_', '-')} must be >= 1")
+        if not self.timeout_s > 0 or self.wait_ready_s < 0:
+            raise BenchmarkError("--timeout must be > 0 and --wait-ready >= 0")
         if self.warmup < 0:
             raise BenchmarkError("--warmup must be >= 0")
         if self.endpoint not in ENDPOINT_PATHS:

@@ -28,6 +28,7 @@ from infer_core.bench.config import (
 )
 from infer_core.bench.load import arrival_rng, run_load
 from infer_core.bench.prompts import read_prompts_file
+from infer_core.bench.ready import NotReadyError, wait_until_ready
 from infer_core.bench.report import check_appendable, format_table, write_record
 from infer_core.bench.results import LoadPointResult, summarize_run
 from infer_core.bench.stream import auth_headers, list_models, send_streaming_request
@@ -72,6 +73,11 @@ async def benchmark(config: ServeBenchConfig) -> ServeBenchResult:
     async with httpx.AsyncClient(
         timeout=httpx.Timeout(config.timeout_s), limits=limits
     ) as client:
+        if config.wait_ready_s > 0:
+            try:
+                await wait_until_ready(client, base, headers, config.wait_ready_s)
+            except NotReadyError as e:
+                raise BenchmarkError(f"{e}; check --base-url or wait longer") from e
         model = config.model or await _first_model(client, base, headers)
         url = base + ENDPOINT_PATHS[config.endpoint]
 
@@ -92,6 +98,7 @@ async def benchmark(config: ServeBenchConfig) -> ServeBenchResult:
                         raise BenchmarkError(
                             f"the warm-up request to {url} failed: {record.error}; "
                             "check --base-url, --endpoint, --model and --api-key"
+                            " (a server still starting: pass --wait-ready SECONDS)"
                         )
         runs = []
         for index, load in enumerate(config.load_points()):
@@ -215,6 +222,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--timeout", type=float, default=600.0, help="seconds one request may take"
     )
     parser.add_argument(
+        "--wait-ready",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait up to this long for a starting server (/health, /v1/models); default 0",
+    )
+    parser.add_argument(
         "--json", default=None, metavar="PATH", help="write the results record here"
     )
     parser.add_argument(
@@ -247,6 +261,7 @@ def config_from_args(args: argparse.Namespace) -> ServeBenchConfig:
         temperature=args.temperature,
         warmup=args.warmup,
         timeout_s=args.timeout,
+        wait_ready_s=args.wait_ready,
         label=args.label,
         show_progress=not args.no_progress,
     )
