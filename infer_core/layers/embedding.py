@@ -34,6 +34,10 @@ class VocabParallelEmbedding(nn.Module):
         param.data[: rows.shape[0]].copy_(rows)
         param.data[rows.shape[0] :].zero_()
 
+    def checkpoint_shapes(self, param: nn.Parameter) -> list[tuple[None, tuple[int, ...]]]:
+        """The full checkpoint tensor ``weight_loader`` takes this rank's rows from (for dummy weights)."""
+        return [(None, (self.vocab_size, param.shape[1]))]
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.parallel.world_size == 1:
             return F.embedding(input_ids, self.weight)

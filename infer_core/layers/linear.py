@@ -54,6 +54,33 @@ class LinearBase(nn.Module):
         """Where a fused shard starts in this rank's output rows (None: not fused)."""
         return None
 
+    @property
+    def full_input_size(self) -> int:
+        """Input features of the whole (unsharded) matrix."""
+        return self.input_size
+
+    def full_shards(self) -> list[tuple[int | str | None, int]]:
+        """(shard id, rows of the whole checkpoint tensor) of every fused shard."""
+        return [(None, sum(self.output_sizes))]
+
+    def checkpoint_shapes(self, param: nn.Parameter) -> list[tuple[int | str | None, tuple[int, ...]]] | None:
+        """The full checkpoint tensors that ``weight_loader`` narrows into ``param``, by shard id.
+
+        Dummy weights are drawn at these shapes, so every tensor-parallel size gets the same model.
+        None when ``param`` does not follow the layer's shape (a packed quantized weight).
+        """
+        shape = list(param.shape)
+        out_dim, in_dim = getattr(param, "output_dim", None), getattr(param, "input_dim", None)
+        if in_dim is not None:
+            if shape[in_dim] != self.input_size:
+                return None
+            shape[in_dim] = self.full_input_size
+        if out_dim is None:
+            return [(None, tuple(shape))]
+        if shape[out_dim] != sum(self.output_sizes):
+            return None
+        return [(shard_id, tuple(shape[:out_dim] + [rows] + shape[out_dim + 1 :])) for shard_id, rows in self.full_shards()]
+
     def narrow_for_rank(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | str | None) -> torch.Tensor:
         """This rank's part of a full checkpoint tensor."""
         return loaded
@@ -86,6 +113,11 @@ class ColumnParallelLinear(LinearBase):
         if shard_id is None:
             return None
         return sum(self.output_sizes[: int(shard_id)])
+
+    def full_shards(self):
+        if len(self.full_output_sizes) == 1:
+            return [(None, self.full_output_sizes[0])]
+        return list(enumerate(self.full_output_sizes))
 
     def shard_rows(self, shard_id) -> tuple[int, int]:
         """(start, size) of this rank's rows within the full checkpoint tensor of a shard."""
@@ -136,6 +168,9 @@ class QKVParallelLinear(ColumnParallelLinear):
     def shard_offset(self, shard_id):
         return sum(self.output_sizes[: self._SHARD_INDEX[shard_id]])
 
+    def full_shards(self):
+        return list(zip(self._SHARD_INDEX, self.full_output_sizes))
+
     def shard_rows(self, shard_id):
         index = self._SHARD_INDEX[shard_id]
         size = self.output_sizes[index]
@@ -149,6 +184,10 @@ class RowParallelLinear(LinearBase):
     def __init__(self, input_size: int, output_size: int, **kw) -> None:
         world = kw["parallel"].world_size
         super().__init__(_divide(input_size, world, "input size"), [output_size], **kw)
+
+    @property
+    def full_input_size(self) -> int:
+        return self.input_size * self.parallel.world_size
 
     def narrow_for_rank(self, param, loaded, shard_id):
         in_dim = getattr(param, "input_dim", None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,17 +52,43 @@ def iterate_gguf(source: ModelSource) -> Iterator[tuple[str, torch.Tensor]]:
     yield from parsed["tensors"].items()
 
 
+def _dummy_values(shape: tuple[int, ...], seed: int, device: torch.device) -> torch.Tensor:
+    generator = torch.Generator(device=device).manual_seed(seed)
+    return torch.empty(shape, dtype=torch.float32, device=device).normal_(0, 0.02, generator=generator)
+
+
 def init_dummy_weights(model: nn.Module, seed: int) -> None:
-    """Random values at the real shapes: N(0, 0.02) for matrices, 1 for norm weights, 0 for biases."""
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-    for name, param in model.named_parameters():
-        if name.endswith("norm.weight"):
-            param.data.fill_(1.0)
-        elif name.endswith(".bias"):
-            param.data.zero_()
-        elif param.is_floating_point():
-            values = torch.empty(param.shape, dtype=torch.float32).normal_(0, 0.02, generator=generator)
-            param.data.copy_(values.to(param.dtype))
+    """Random values at the real shapes: N(0, 0.02) for matrices, 1 for norm weights, 0 for biases.
+
+    A sharded parameter is filled through its layer's ``weight_loader`` from the full checkpoint
+    tensor drawn on its device (seeded by name and shard), so every tensor-parallel size runs the
+    same model and TP=N can be checked against TP=1.
+    """
+    seen: set[int] = set()
+    for module_name, module in model.named_modules():
+        for param_name, param in module.named_parameters(recurse=False):
+            if id(param) in seen:
+                continue  # tied weights are filled once
+            seen.add(id(param))
+            name = f"{module_name}.{param_name}" if module_name else param_name
+            if name.endswith("norm.weight"):
+                param.data.fill_(1.0)
+                continue
+            if name.endswith(".bias"):
+                param.data.zero_()
+                continue
+            if not param.is_floating_point():
+                continue
+            shard_seed = seed * 1_000_003 + zlib.crc32(name.encode())
+            shapes = getattr(module, "checkpoint_shapes", None)
+            shapes = shapes(param) if shapes is not None and hasattr(param, "weight_loader") else None
+            if shapes is None:
+                param.data.copy_(_dummy_values(tuple(param.shape), shard_seed, param.device).to(param.dtype))
+                continue
+            for shard_id, shape in shapes:
+                full = _dummy_values(shape, shard_seed + zlib.crc32(str(shard_id).encode()), param.device)
+                param.weight_loader(param, full, shard_id)
+                del full
 
 
 def load_model_weights(model: nn.Module, source: ModelSource, load_format: str, seed: int) -> None:
