@@ -22,7 +22,15 @@ class Worker:
 
     def start(self) -> int:
         """Load the model; return the KV blocks this rank can hold."""
+        self.load_model()
+        return self.profile_num_blocks()
+
+    def load_model(self) -> None:
+        """Build this rank's shard of the model and load its weights (no collectives)."""
         self.runner.load_model()
+
+    def profile_num_blocks(self) -> int:
+        """KV blocks this rank can hold; on CUDA after a profiling step (collectives on every rank)."""
         return self.runner.profile_num_blocks()
 
     def init_kv_cache(self, num_blocks: int) -> None:
