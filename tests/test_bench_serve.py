@@ -31,6 +31,7 @@ from infer_core.bench.serve import (
     benchmark,
     run,
 )
+from infer_core.bench.serve import main as serve_main
 from infer_core.bench.stats import percentile, summarize
 
 MODEL = "fake-model"
@@ -568,3 +569,11 @@ def test_request_rate_flag_takes_inf():
     assert args.request_rate == [math.inf, 4.0]
     with pytest.raises(SystemExit):  # argparse: the two load modes exclude each other
         _parse("--base-url", "http://x", "--request-rate", "1", "--concurrency", "2")
+
+
+def test_module_entry_point_reports_user_errors_in_one_line(capsys):
+    assert serve_main(["--base-url", "http://127.0.0.1:9", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(
+        "error: cannot list models at http://127.0.0.1:9/v1/models"
+    )

@@ -21,8 +21,9 @@ if TYPE_CHECKING:
     from infer_core.bench.serve import ServeBenchResult
 
 BENCHMARK = "serving"
-# Settings that must agree for rows of two runs to share one record; the load may differ.
-_LOAD_KEYS = ("concurrency", "request_rate", "warmup")
+# Settings that must agree for rows of two runs to share one record; the load (and so how
+# many requests it takes to measure it) may differ, and every row names its own.
+_LOAD_KEYS = ("concurrency", "request_rate", "num_prompts", "warmup")
 _COLUMN = 10
 
 

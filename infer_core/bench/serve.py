@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from infer_core.bench.ready import NotReadyError, wait_until_ready
 from infer_core.bench.report import check_appendable, format_table, write_record
 from infer_core.bench.results import LoadPointResult, summarize_run
 from infer_core.bench.stream import auth_headers, list_models, send_streaming_request
+from infer_core.errors import InferError
 
 __all__ = [
     "BenchmarkError",
@@ -283,3 +285,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: no request completed at {', '.join(empty)}", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m infer_core.bench.serve``: the same command without the ``infer`` CLI."""
+    parser = argparse.ArgumentParser(
+        prog="python -m infer_core.bench.serve", description=__doc__.splitlines()[0]
+    )
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s"
+    )
+    try:
+        return run(args)
+    except (InferError, ValueError) as e:  # a user's mistake: one line, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
