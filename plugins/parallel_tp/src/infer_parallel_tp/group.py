@@ -1,0 +1,82 @@
+"""Where each rank sits and how it joins the process group: spawned by the engine, or under torchrun."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from infer_core.interfaces import ParallelContext
+
+from infer_parallel_tp.communicator import DistributedCommunicator
+
+# A collective that waits this long means a rank is gone (NCCL's watchdog then aborts it). Long
+# enough for the slowest step of a large model; rank 0 notices a dead spawned worker sooner
+# through its process handle.
+COLLECTIVE_TIMEOUT = timedelta(minutes=5)
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True, slots=True)
+class RankPlacement:
+    """One rank of the tensor-parallel group: its index, the group's size, its device."""
+
+    rank: int
+    world_size: int
+    local_rank: int  # CUDA device index on its host
+    backend: str  # "nccl" (CUDA) or "gloo" (CPU)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.backend == "nccl"
+
+
+def backend_for(device: str) -> str:
+    return "nccl" if device == "cuda" else "gloo"
+
+
+def torchrun_placement(device: str) -> RankPlacement | None:
+    """This process's place when launched by torchrun (RANK, WORLD_SIZE, … set), else None."""
+    if not all(name in os.environ for name in TORCHRUN_VARIABLES):
+        return None
+    return RankPlacement(
+        int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"]), backend_for(device)
+    )
+
+
+def torchrun_store(placement: RankPlacement) -> dist.Store:
+    """The env:// rendezvous store torchrun set up (its agent's TCPStore, or one on MASTER_ADDR)."""
+    store, _, _ = next(dist.rendezvous("env://", placement.rank, placement.world_size, timeout=COLLECTIVE_TIMEOUT))
+    return store
+
+
+def join_group(placement: RankPlacement, store: dist.Store) -> ParallelContext:
+    """Initialise the default process group on ``store``; the layers' ParallelContext for this rank."""
+    if dist.is_initialized():
+        raise RuntimeError(
+            "a torch.distributed process group already exists in this process; one tensor-parallel engine per process"
+        )
+    if placement.is_cuda:
+        torch.cuda.set_device(placement.local_rank)
+    dist.init_process_group(
+        placement.backend,
+        store=dist.PrefixStore("tp/group", store),
+        rank=placement.rank,
+        world_size=placement.world_size,
+        timeout=COLLECTIVE_TIMEOUT,
+    )
+    communicator = DistributedCommunicator(placement.rank, placement.world_size, placement.backend)
+    return ParallelContext(placement.rank, placement.world_size, communicator)
+
+
+def leave_group(*, abort: bool = False) -> None:
+    """Destroy the process group; after a rank died, abort it instead (NCCL could wait on the dead)."""
+    if not dist.is_initialized():
+        return
+    abort_group = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort and abort_group is not None and dist.get_backend() == "nccl":
+        abort_group()
+        return
+    dist.destroy_process_group()

@@ -1,0 +1,106 @@
+"""The loop of every rank but 0: receive a call from rank 0, run it on this rank's Worker, repeat.
+
+Spawned by the engine (``spawn_entry``), or started by torchrun for ranks > 0 (see ``launch``).
+Any failure ends the process: a rank in an unknown state must not take part in collectives;
+rank 0 sees the exit and reports the engine dead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from dataclasses import replace
+
+import torch
+import torch.distributed as dist
+
+from infer_parallel_tp.channel import WorkerChannel
+from infer_parallel_tp.group import RankPlacement, backend_for, join_group, leave_group
+
+logger = logging.getLogger(__name__)
+
+STOP = "stop"
+INIT = "init"
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """A spawned worker must not outlive the engine's process (it would hold its GPU)."""
+    while True:
+        if os.getppid() != parent_pid:
+            os._exit(1)
+        time.sleep(1.0)
+
+
+class RankLoop:
+    """This rank's Worker, driven by the calls rank 0 sends."""
+
+    def __init__(self, placement: RankPlacement, channel: WorkerChannel) -> None:
+        self.placement = placement
+        self.channel = channel
+        self.worker = None
+
+    def _init(self, store: dist.Store, config) -> None:
+        """Join the group with the engine's device, then build this rank's Worker."""
+        from infer_core.runner.worker import Worker
+
+        self.placement = replace(self.placement, backend=backend_for(config.device))
+        if not self.placement.is_cuda:
+            torch.set_num_threads(1)  # the ranks share the host's cores
+        parallel = join_group(self.placement, store)
+        self.worker = Worker(config, parallel, self.placement.local_rank if self.placement.is_cuda else None)
+
+    def run(self, store: dist.Store) -> int:
+        self.channel.reply(True, os.getpid())  # up: rank 0 sends INIT once every rank is
+        failed = True
+        try:
+            while True:
+                call = self.channel.receive()
+                if call.method == STOP:
+                    failed = False
+                    self.channel.reply(True, None)
+                    return 0
+                try:
+                    result = (
+                        self._init(store, *call.args)
+                        if call.method == INIT
+                        else getattr(self.worker, call.method)(*call.args)
+                    )
+                except BaseException:  # noqa: BLE001 - any failure ends this rank, reported to rank 0
+                    text = traceback.format_exc()
+                    logger.error("tensor-parallel rank %d: %s failed:\n%s", self.placement.rank, call.method, text)
+                    if call.reply:
+                        self.channel.reply(False, text)
+                    return 1
+                if call.reply:
+                    self.channel.reply(True, result)
+        except dist.DistNetworkError:
+            logger.error("tensor-parallel rank %d: lost rank 0's store; exiting", self.placement.rank)
+            return 1
+        finally:
+            leave_group(abort=failed)
+
+
+def spawn_entry(placement: RankPlacement, host: str, port: int, parent_pid: int) -> None:
+    """Target of a spawned worker process: connect to rank 0's store and serve calls."""
+    logging.basicConfig(level=logging.INFO, format=f"[tp rank {placement.rank}] %(levelname)s %(name)s: %(message)s")
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+    from infer_parallel_tp.group import COLLECTIVE_TIMEOUT
+
+    store = dist.TCPStore(host, port, None, False, COLLECTIVE_TIMEOUT)
+    code = RankLoop(placement, WorkerChannel(store, placement.rank)).run(store)
+    sys.exit(code)
+
+
+def torchrun_entry() -> int:
+    """A rank > 0 under torchrun: join rank 0 through the env:// store and serve calls."""
+    from infer_parallel_tp.group import torchrun_placement, torchrun_store
+
+    placement = torchrun_placement("cpu")  # the backend follows the engine's device, sent with INIT
+    if placement is None:
+        raise RuntimeError("torchrun_entry needs torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT")
+    store = torchrun_store(placement)
+    return RankLoop(placement, WorkerChannel(store, placement.rank)).run(store)

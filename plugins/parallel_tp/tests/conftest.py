@@ -1,0 +1,56 @@
+"""Fixtures of the tensor-parallel suite: tiny real checkpoints, and a check that no worker outlives a test."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+from infer_core.testing import make_tiny_checkpoint
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """``tiny_checkpoint("qwen2", num_key_value_heads=1)`` -> folder of a random tiny model."""
+    cache: dict[tuple, Path] = {}
+
+    def get(kind: str, **overrides):
+        key = (kind, tuple(sorted(overrides.items())))
+        if key not in cache:
+            cache[key] = make_tiny_checkpoint(kind, tmp_path_factory.mktemp(f"tiny-{kind}"), **overrides)
+        return cache[key]
+
+    return get
+
+
+def child_pids() -> list[int]:
+    """Live (not zombie) processes whose parent is this one, from /proc.
+
+    multiprocessing's resource tracker (one per interpreter, started with the first spawned
+    process and gone with the interpreter) is not a worker and is left out.
+    """
+    me, found = os.getpid(), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == me and state != "Z" and b"multiprocessing.resource_tracker" not in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def assert_no_workers_left():
+    """A check that every worker process of this test has exited and been reaped."""
+
+    def check() -> None:
+        assert multiprocessing.active_children() == []
+        assert child_pids() == []
+
+    return check
