@@ -87,21 +87,7 @@ async def benchmark(config: ServeBenchConfig) -> ServeBenchResult:
             return await send_streaming_request(client, url, payload, headers)
 
         if config.warmup:
-            with tqdm(
-                total=config.warmup,
-                desc="warm-up",
-                unit="req",
-                disable=not config.show_progress,
-            ) as bar:
-                for prompt in make_prompts(config, config.warmup, "warmup", pool):
-                    record = await send(build_payload(config, model, prompt))
-                    bar.update()
-                    if not record.is_ok:
-                        raise BenchmarkError(
-                            f"the warm-up request to {url} failed: {record.error}; "
-                            "check --base-url, --endpoint, --model and --api-key"
-                            " (a server still starting: pass --wait-ready SECONDS)"
-                        )
+            await _warm_up(config, send, model, url, pool)
         runs = []
         for index, load in enumerate(config.load_points()):
             prompts = make_prompts(config, config.num_prompts, str(index), pool)
@@ -125,6 +111,25 @@ async def benchmark(config: ServeBenchConfig) -> ServeBenchResult:
         settings=workload_settings(config),
         runs=runs,
     )
+
+
+async def _warm_up(config: ServeBenchConfig, send, model: str, url: str, pool) -> None:
+    """Send the warm-up requests one by one; a failure stops here, before any measurement."""
+    from tqdm.auto import tqdm
+
+    prompts = make_prompts(config, config.warmup, "warmup", pool)
+    with tqdm(
+        total=len(prompts), desc="warm-up", unit="req", disable=not config.show_progress
+    ) as bar:
+        for prompt in prompts:
+            record = await send(build_payload(config, model, prompt))
+            bar.update()
+            if not record.is_ok:
+                raise BenchmarkError(
+                    f"the warm-up request to {url} failed: {record.error}; "
+                    "check --base-url, --endpoint, --model and --api-key"
+                    " (a server still starting: pass --wait-ready SECONDS)"
+                )
 
 
 async def _first_model(client, base: str, headers: dict[str, str]) -> str:
