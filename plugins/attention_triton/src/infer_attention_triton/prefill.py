@@ -13,7 +13,6 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_attention_triton.dot import mma
 from infer_attention_triton.tiles import PrefillTiles, dot_precision, is_interpreted
 
 LOG2E = 1.4426950408889634
@@ -42,7 +41,11 @@ def _attend(
         else:
             k = tl.load(k_base + rows[:, None] + dims[None, :])
             v = tl.load(k_base + stride_cache_kv + rows[:, None] + dims[None, :])
-        s = mma(q, tl.trans(k), DOT_PRECISION, UPCAST) * scale_log2
+        if UPCAST:  # the interpreter's dot reads bfloat16 operands as raw bits: multiply in float32
+            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        s = s * scale_log2
         if CAUSAL_MASK or USE_WINDOW:
             visible = keys[None, :] <= q_pos[:, None]
             if USE_WINDOW:
@@ -54,7 +57,11 @@ def _attend(
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, DOT_PRECISION, UPCAST)
+        if UPCAST:
+            pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
     return m_i, l_i, acc
 
