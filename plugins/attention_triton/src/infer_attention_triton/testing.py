@@ -31,7 +31,8 @@ def make_paged_batch(
     spare_blocks: int = 3,
 ) -> PagedBatch:
     """Requests must come decode-only first (query length 1), as the runner orders them."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    gen = torch.Generator(device="cpu").manual_seed(seed)  # the page order
+    values = torch.Generator(device=device).manual_seed(seed)  # K, V, Q drawn where they live
     seq_lens = [c + q for c, q in zip(context_lens, query_lens)]
     blocks_per_req = [-(-s // block_size) for s in seq_lens]
     num_blocks = sum(blocks_per_req) + spare_blocks
@@ -44,16 +45,16 @@ def make_paged_batch(
         used += n
 
     def randn(*shape):
-        return torch.randn(*shape, generator=gen, dtype=torch.float32).to(dtype)
+        return torch.randn(*shape, generator=values, dtype=torch.float32, device=device).to(dtype)
 
     kv_cache = randn(2, num_blocks, block_size, num_kv_heads, head_dim)  # garbage outside the contexts
     slots = []
     for i, (c, q) in enumerate(zip(context_lens, query_lens)):
         positions = torch.arange(c + q)
-        req_slots = block_tables[i, positions // block_size].long() * block_size + positions % block_size
+        req_slots = (block_tables[i, positions // block_size].long() * block_size + positions % block_size).to(device)
         kv_cache[0].view(-1, num_kv_heads, head_dim)[req_slots[:c]] = randn(c, num_kv_heads, head_dim)
         kv_cache[1].view(-1, num_kv_heads, head_dim)[req_slots[:c]] = randn(c, num_kv_heads, head_dim)
-        slots.append(req_slots[c:])
+        slots.append(req_slots[c:].cpu())
     num_tokens = sum(query_lens)
     query_start_loc = torch.zeros(len(seq_lens) + 1, dtype=torch.int32)
     query_start_loc[1:] = torch.cumsum(torch.tensor(query_lens), 0)
@@ -71,8 +72,8 @@ def make_paged_batch(
         query_start_loc_cpu=query_start_loc, seq_lens_cpu=seq_lens_t,
     )
     return PagedBatch(
-        q=randn(num_tokens, num_heads, head_dim).to(device), k=randn(num_tokens, num_kv_heads, head_dim).to(device),
-        v=randn(num_tokens, num_kv_heads, head_dim).to(device), kv_cache=kv_cache.to(device), metadata=metadata,
+        q=randn(num_tokens, num_heads, head_dim), k=randn(num_tokens, num_kv_heads, head_dim),
+        v=randn(num_tokens, num_kv_heads, head_dim), kv_cache=kv_cache, metadata=metadata,
         context_lens=list(context_lens), query_lens=list(query_lens),
     )
 
