@@ -1,8 +1,11 @@
-"""Run infer under torchrun: rank 0 runs the ``infer`` command line, every other rank a worker loop.
+"""Run infer under torchrun: rank 0 runs the engine, every other rank a worker loop.
+
+The ``infer`` command line on every host::
 
     torchrun --nnodes 2 --nproc-per-node 8 --node-rank $NODE --master-addr $HEAD --master-port 29500 \\
         -m infer_parallel_tp.launch serve --model /models/big --tensor-parallel-size 16
 
+or a Python program that calls ``run_workers_under_torchrun()`` before it builds its ``LLM``.
 Ranks > 0 ignore the arguments: rank 0 sends them the engine's configuration once it has
 resolved it, so every rank runs the same model with the same settings.
 """
@@ -14,24 +17,32 @@ import os
 import sys
 
 
+def run_workers_under_torchrun() -> None:
+    """Under torchrun, make every rank but 0 a worker and exit it when rank 0 stops; on rank 0, return.
+
+    Outside torchrun (no RANK / WORLD_SIZE) this returns at once: the engine spawns its workers.
+    """
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0 or "WORLD_SIZE" not in os.environ:
+        return
+    logging.basicConfig(level=logging.INFO, format=f"[tp rank {rank}] %(levelname)s %(name)s: %(message)s")
+    from infer_parallel_tp.worker_main import torchrun_entry
+
+    sys.exit(torchrun_entry())
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    rank = int(os.environ.get("RANK", "-1"))
-    if rank < 0 or "WORLD_SIZE" not in os.environ:
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         print(
-            "infer_parallel_tp.launch runs under torchrun (RANK and WORLD_SIZE unset); "
+            "infer_parallel_tp.launch runs under torchrun (RANK and WORLD_SIZE are unset); "
             "without torchrun use `infer ... --tensor-parallel-size N`",
             file=sys.stderr,
         )
         return 2
-    if rank == 0:
-        from infer_core.cli import main as infer_main
+    run_workers_under_torchrun()
+    from infer_core.cli import main as infer_main
 
-        return infer_main(argv)
-    logging.basicConfig(level=logging.INFO, format=f"[tp rank {rank}] %(levelname)s %(name)s: %(message)s")
-    from infer_parallel_tp.worker_main import torchrun_entry
-
-    return torchrun_entry()
+    return infer_main(sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

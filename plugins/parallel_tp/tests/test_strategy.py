@@ -1,0 +1,112 @@
+"""Choosing the ``tp`` strategy, the reasons it refuses a model or a host, and the communicator's collectives."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from infer_core import LLM
+from infer_core.errors import PluginError
+from infer_core.models.source import read_model_config, resolve_model_source
+from infer_core.platform import make_runtime_context
+from infer_core.settings import load_settings
+
+from infer_parallel_tp.strategy import TensorParallelStrategy
+
+
+def _context(folder, **settings):
+    settings = load_settings(model=str(folder), **settings)
+    return make_runtime_context(settings, read_model_config(resolve_model_source(str(folder))))
+
+
+def test_environment_selects_tp_and_rpc_reaches_every_rank(tiny_checkpoint, monkeypatch, assert_no_workers_left):
+    monkeypatch.setenv("INFER_PARALLEL", "tp")
+    monkeypatch.setenv("INFER_TENSOR_PARALLEL_SIZE", "2")
+    with LLM(str(tiny_checkpoint("qwen3")), device="cpu", num_kv_blocks=32) as llm:
+        assert llm.engine.config.implementations["parallel"] == "tp"
+        executor = llm.engine.executor
+        assert executor.collective_rpc("set_return_logits", False) == [None, None]
+        assert len(executor.worker_pids) == 1
+        executor.check_health()
+    assert_no_workers_left()
+
+
+def test_heads_that_do_not_split_are_refused_before_any_worker_starts(tiny_checkpoint, assert_no_workers_left):
+    with pytest.raises(PluginError, match=r"num_attention_heads=4 is not divisible by tensor_parallel_size=3"):
+        LLM(str(tiny_checkpoint("llama")), device="cpu", tensor_parallel_size=3)
+    assert_no_workers_left()
+
+
+def test_kv_heads_must_divide_or_be_divided_by_the_ranks(tiny_checkpoint):
+    ctx = _context(
+        tiny_checkpoint("llama", num_attention_heads=12, num_key_value_heads=3, hidden_size=96, intermediate_size=96),
+        device="cpu",
+        tensor_parallel_size=2,
+    )
+    assert any("num_key_value_heads=3 and tensor_parallel_size=2" in r for r in TensorParallelStrategy.validate(ctx))
+    assert (
+        TensorParallelStrategy.validate(
+            dataclasses.replace(ctx, settings=ctx.settings.model_copy(update={"tensor_parallel_size": 3}))
+        )
+        == []
+    )
+
+
+def test_cuda_needs_a_gpu_per_rank(tiny_checkpoint, monkeypatch):
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    ctx = _context(tiny_checkpoint("llama"), device="cpu", tensor_parallel_size=2)
+    on_one_gpu = dataclasses.replace(ctx, device="cuda", dtype="bfloat16", num_gpus=1, cuda_capability=(9, 0))
+    (reason,) = TensorParallelStrategy.validate(on_one_gpu)
+    assert "needs 2 GPUs and this host has 1" in reason and "torchrun" in reason
+    assert TensorParallelStrategy.validate(dataclasses.replace(on_one_gpu, num_gpus=2)) == []
+
+
+COLLECTIVES = textwrap.dedent(
+    """
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from infer_parallel_tp.communicator import DistributedCommunicator
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    comm = DistributedCommunicator(rank, world, "gloo")
+    x = torch.arange(6, dtype=torch.float32).reshape(2, 3) + 10 * rank
+    assert torch.equal(comm.all_reduce(x.clone()), sum(torch.arange(6.0).reshape(2, 3) + 10 * r for r in range(world)))
+    everyone = [torch.arange(6, dtype=torch.float32).reshape(2, 3) + 10 * r for r in range(world)]
+    assert torch.equal(comm.all_gather(x, dim=-1), torch.cat(everyone, dim=-1))
+    assert torch.equal(comm.all_gather(x, dim=0), torch.cat(everyone, dim=0))
+    gathered = comm.gather(x, dst=0, dim=-1)
+    assert (gathered is None) == (rank != 0)
+    assert rank != 0 or torch.equal(gathered, torch.cat(everyone, dim=-1))
+    # all_to_all: rank r sends r+1 rows to every rank
+    send = torch.full((world * (rank + 1), 2), float(rank))
+    got = comm.all_to_all(send, [r + 1 for r in range(world)], [rank + 1] * world)
+    assert torch.equal(got, torch.cat([torch.full((r + 1, 2), float(r)) for r in range(world)]))
+    dist.destroy_process_group()
+    print("OK", rank, flush=True)
+    """
+)
+
+
+def test_communicator_collectives_over_gloo(tmp_path):
+    program = tmp_path / "collectives.py"
+    program.write_text(COLLECTIVES)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", str(program)]
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    assert run.returncode == 0, stderr[-3000:]
+    assert sorted(line for line in stdout.splitlines() if line.startswith("OK")) == ["OK 0", "OK 1", "OK 2"]
