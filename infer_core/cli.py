@@ -1,4 +1,4 @@
-"""The ``infer`` command: generate, chat, plugins, config.
+"""The ``infer`` command: serve, generate, chat, plugins, config, bench.
 
 Every engine setting is also a flag (``--max-num-seqs 64``); flags beat INFER_* variables.
 """
@@ -15,7 +15,8 @@ from typing import Any
 from infer_core.errors import InferError
 from infer_core.settings import EngineSettings
 
-_SERVER_ONLY = {"host", "port", "served_model_name", "max_queued_requests", "api_key"}
+_SERVER_ONLY = {"host", "port", "served_model_name", "max_queued_requests", "api_key", "max_request_bytes",
+                "shutdown_timeout"}
 
 
 def _flag_type(annotation: Any):
@@ -65,6 +66,19 @@ def _sampling_params(args):
 
     return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                           top_k=args.top_k, seed=args.sampling_seed)
+
+
+def cmd_serve(args) -> int:
+    from infer_core.server.serve import serve
+    from infer_core.settings import load_settings
+
+    return serve(load_settings(**settings_kwargs(args)))
+
+
+def cmd_bench_serve(args) -> int:
+    from infer_core.bench.serve import run
+
+    return run(args)
 
 
 def cmd_generate(args) -> int:
@@ -128,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING)")
     sub = parser.add_subparsers(dest="command", required=True)
 
+    p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
+    add_settings_arguments(p, include_server=True)
+    p.set_defaults(handler=cmd_serve)
+
     p = sub.add_parser("generate", help="complete prompts with the model and print the text")
     p.add_argument("prompt", nargs="+")
     p.add_argument("--chat", action="store_true", help="send each prompt as a user message through the chat template")
@@ -147,6 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("config", help="print the effective settings and where each came from")
     add_settings_arguments(p, include_server=True)
     p.set_defaults(handler=cmd_config)
+
+    p = sub.add_parser("bench", help="benchmarks")
+    bench = p.add_subparsers(dest="bench", required=True)
+    b = bench.add_parser("serve", help="load-test any OpenAI-compatible endpoint (TTFT, TPOT, ITL, throughput)")
+    from infer_core.bench.serve import add_arguments as add_bench_serve_arguments
+
+    add_bench_serve_arguments(b)
+    b.set_defaults(handler=cmd_bench_serve)
 
     return parser
 

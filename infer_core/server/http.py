@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 from typing import Any, TypeVar
 
 from litestar import Request
@@ -43,9 +44,13 @@ async def parse_body(request: Request, model: type[Body]) -> Body:
         raise validation_error(e) from None
 
 
+# pydantic names the union member it tried in ``loc`` ("str", "list[int]", "function-after[...]"): not fields
+_UNION_TAG = re.compile(r"^(str|int|float|bool|none|list|dict|json-or-python|constrained-\w+|.*\[.*\])$")
+
+
 def validation_error(error: ValidationError) -> OpenAIError:
     first = error.errors()[0]
-    loc = [str(p) for p in first.get("loc", ()) if not str(p).startswith(("function-", "list[", "str", "int"))]
+    loc = [str(p) for p in first.get("loc", ()) if not _UNION_TAG.match(str(p))]
     param = ".".join(loc) or None
     value = first.get("input")
     shown = json.dumps(value)[:80] if isinstance(value, str | int | float | bool | type(None)) else type(value).__name__

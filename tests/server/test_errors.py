@@ -1,0 +1,121 @@
+"""Bad requests get OpenAI's envelope and a 4xx naming the problem; fuzzed bodies never get a 5xx."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M-Instruct"
+CHAT = [{"role": "user", "content": "Hi"}]
+
+
+def _error(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["message"]
+    return body["error"]
+
+
+@pytest.fixture
+def http(server):
+    with httpx.Client(base_url=server.base_url, timeout=60) as c:
+        yield c
+
+
+def test_malformed_json_is_400(http):
+    err = _error(http.post("/v1/chat/completions", content=b'{"model": "x", "messages": [', 
+                           headers={"content-type": "application/json"}), 400)
+    assert "JSON" in err["message"]
+    _error(http.post("/v1/completions", content=b"[1, 2]", headers={"content-type": "application/json"}), 400)
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"messages": CHAT, "temperature": -1}, "temperature"),
+    ({"messages": CHAT, "top_p": 1.5}, "top_p"),
+    ({"messages": CHAT, "n": 0}, "n"),
+    ({"messages": CHAT, "max_tokens": "many"}, "max_tokens"),
+    ({"messages": CHAT, "max_tokens": 0}, "max_tokens"),
+    ({"messages": CHAT, "top_logprobs": 3}, "top_logprobs"),
+    ({"messages": CHAT, "stream": "yes"}, "stream"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
+    ({"messages": []}, "messages"),
+    ({}, "messages"),
+    ({"messages": CHAT, "stream_options": {"include_usage": True}}, "stream_options"),
+])
+def test_invalid_chat_values_are_400_naming_the_field(http, body, param):
+    err = _error(http.post("/v1/chat/completions", json={"model": MODEL, **body}), 400)
+    assert err["param"] == param, err
+    assert err["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"prompt": "x", "logprobs": 99}, "logprobs"),
+    ({"prompt": "x", "min_p": 2}, "min_p"),
+    ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
+    ({"prompt": [], "max_tokens": 4}, "prompt"),
+    ({"prompt": [10**9], "max_tokens": 4}, "prompt"),
+    ({"prompt": {"a": 1}}, "prompt"),
+    ({"prompt": "x", "echo": True, "logprobs": 1}, "echo"),
+])
+def test_invalid_completion_values_are_400(http, body, param):
+    err = _error(http.post("/v1/completions", json={"model": MODEL, **body}), 400)
+    assert err["param"] == param, err
+
+
+def test_context_length_exceeded(http):
+    info = http.post("/tokenize", json={"prompt": "hello " * 50, "add_special_tokens": True}).json()
+    limit, prompt_tokens = info["max_model_len"], info["count"]
+    err = _error(http.post("/v1/completions", json={"model": MODEL, "prompt": "hello " * 50, "max_tokens": limit}),
+                 400)
+    assert err["code"] == "context_length_exceeded"
+    assert err["message"].startswith(
+        f"This model's maximum context length is {limit} tokens. However, you requested {prompt_tokens + limit} "
+        f"tokens ({prompt_tokens} in the messages, {limit} in the completion).")
+
+
+def test_unknown_model_is_404(http):
+    err = _error(http.post("/v1/chat/completions", json={"model": "gpt-17", "messages": CHAT}), 404)
+    assert err["code"] == "model_not_found" and "gpt-17" in err["message"]
+
+
+def test_unknown_route_and_method_get_the_envelope(http):
+    _error(http.get("/v1/nothing-here"), 404)
+    _error(http.get("/v1/chat/completions"), 405)
+
+
+def test_detokenize_out_of_range_is_400(http):
+    _error(http.post("/detokenize", json={"tokens": [-1]}), 400)
+    _error(http.post("/tokenize", json={}), 400)
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=False, allow_infinity=False)
+                     | st.text(max_size=20), lambda inner: st.lists(inner, max_size=4)
+                     | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=8)
+_FIELDS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+           "min_p", "n", "stop", "stop_token_ids", "seed", "presence_penalty", "frequency_penalty",
+           "repetition_penalty", "logprobs", "top_logprobs", "stream", "stream_options", "ignore_eos", "min_tokens",
+           "skip_special_tokens", "echo", "user", "tokens"]
+_SMALL = {"max_tokens": st.integers(-3, 3), "max_completion_tokens": st.integers(-3, 3), "n": st.integers(-1, 3),
+          "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "x"]),
+                                                      "content": st.text(max_size=12) | _JSON}), max_size=2),
+          "prompt": st.text(max_size=12) | st.lists(st.integers(-5, 60000), max_size=4) | _JSON,
+          "model": st.sampled_from([MODEL, "other"]) | _JSON}
+_BODY = st.fixed_dictionaries({}, optional={f: _SMALL.get(f, _JSON) for f in _FIELDS})
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=_BODY, path=st.sampled_from(["/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"]))
+def test_fuzzed_bodies_never_get_a_5xx(server, body, path):
+    if isinstance(body.get("max_tokens"), int) or "max_tokens" not in body:
+        body.setdefault("max_tokens", 2)  # keep generations short: the point is the validation
+    body["max_tokens"] = body["max_tokens"] if not isinstance(body["max_tokens"], int) else min(body["max_tokens"], 3)
+    response = httpx.post(f"{server.base_url}{path}", json=body, timeout=60)
+    assert response.status_code < 500, (body, response.text)
+    if response.status_code >= 400:
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}

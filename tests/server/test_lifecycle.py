@@ -1,0 +1,174 @@
+"""Start, protect, refuse, drain: /health while loading, --api-key, 413, queue 503, SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+
+import httpx
+import pytest
+
+from infer_core.testing import make_tiny_checkpoint
+from infer_core.testing_server import ServerProcess
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M-Instruct"
+KEY = "s3cret-key"
+
+
+@pytest.fixture(scope="module")
+def strict_server(tmp_path_factory):
+    """The default model with an API key, a small body limit, and room for one waiting request."""
+    proc = ServerProcess(tmp_path_factory.mktemp("strict") / "serve.log", "--api-key", KEY, "--max-request-bytes",
+                         "4096", "--max-num-seqs", "1", "--max-queued-requests", "1")
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+
+
+def test_health_is_503_while_loading_then_200(strict_server):
+    codes = strict_server.health_codes
+    assert codes[0] == 503 and codes[-1] == 200, codes
+
+
+def test_api_key_guards_the_api_but_not_health_or_metrics(strict_server):
+    base = strict_server.base_url
+    for method, path, body in [("GET", "/v1/models", None), ("POST", "/v1/completions", {"prompt": "x"}),
+                               ("POST", "/tokenize", {"prompt": "x"}), ("POST", "/detokenize", {"tokens": [1]}),
+                               ("GET", "/v1/plugins", None)]:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+            r = httpx.request(method, base + path, json=body, headers=headers, timeout=30)
+            assert r.status_code == 401, (path, headers, r.text)
+            assert r.json()["error"]["code"] == "invalid_api_key"
+    ok = {"Authorization": f"Bearer {KEY}"}
+    assert httpx.get(base + "/v1/models", headers=ok).status_code == 200
+    assert httpx.get(base + "/health").status_code == 200
+    assert httpx.get(base + "/metrics").status_code == 200
+
+
+def test_openai_client_with_the_key(strict_server):
+    from openai import AuthenticationError, OpenAI
+
+    with OpenAI(base_url=f"{strict_server.base_url}/v1", api_key=KEY, max_retries=0) as client:
+        reply = client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, temperature=0)
+        assert reply.usage.completion_tokens <= 3
+    with OpenAI(base_url=f"{strict_server.base_url}/v1", api_key="nope", max_retries=0) as client, \
+            pytest.raises(AuthenticationError):
+        client.models.list()
+
+
+def test_oversized_body_is_413(strict_server):
+    body = {"model": MODEL, "prompt": "x" * 5000, "max_tokens": 1}
+    r = httpx.post(f"{strict_server.base_url}/v1/completions", json=body,
+                   headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+    assert r.status_code == 413, r.text
+    assert "--max-request-bytes" in r.json()["error"]["message"]
+
+
+async def _flood(base_url: str, count: int) -> list[httpx.Response]:
+    body = {"model": MODEL, "prompt": "Count slowly:", "max_tokens": 40, "ignore_eos": True, "temperature": 0}
+    async with httpx.AsyncClient(base_url=base_url, timeout=300, headers={"Authorization": f"Bearer {KEY}"}) as c:
+        first = asyncio.ensure_future(c.post("/v1/completions", json=body))
+        await asyncio.sleep(1.0)  # running (max_num_seqs=1)
+        second = asyncio.ensure_future(c.post("/v1/completions", json=body))
+        await asyncio.sleep(1.0)  # waiting: the queue is now full
+        rest = [await c.post("/v1/completions", json=body) for _ in range(count - 2)]
+        return [await first, await second, *rest]
+
+
+def test_a_full_queue_answers_503_with_retry_after(strict_server):
+    responses = asyncio.run(_flood(strict_server.base_url, 3))
+    assert [r.status_code for r in responses] == [200, 200, 503], [r.text for r in responses]
+    refused = responses[2]
+    assert refused.headers["retry-after"] and "max_queued_requests" in refused.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return make_tiny_checkpoint("llama", tmp_path_factory.mktemp("tiny-serve"))
+
+
+def test_chat_without_a_template_is_400_naming_chat_template(tiny_model, tmp_path):
+    proc = ServerProcess(tmp_path / "serve.log", "--model", str(tiny_model))
+    try:
+        proc.wait_ready()
+        r = httpx.post(f"{proc.base_url}/v1/chat/completions",
+                       json={"model": str(tiny_model), "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 400 and "--chat-template" in r.json()["error"]["message"]
+        r = httpx.post(f"{proc.base_url}/v1/completions", json={"model": str(tiny_model), "prompt": [5, 6, 7],
+                                                                 "max_tokens": 4, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+    finally:
+        assert proc.stop() == 0
+
+
+async def _streams_through_sigterm(proc: ServerProcess, count: int, max_tokens: int) -> tuple[list[dict], int]:
+    """Start ``count`` streams, SIGTERM the server mid-way; each stream's finish reason and token count."""
+    body = {"model": "tiny", "prompt": [5, 6, 7, 8], "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+
+    async def one(client: httpx.AsyncClient) -> dict:
+        result = {"finish_reason": None, "tokens": 0, "done": False}
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line == "data: [DONE]":
+                    result["done"] = True
+                elif line.startswith("data: "):
+                    chunk = json.loads(line[6:])
+                    if chunk.get("choices") and chunk["choices"][0]["finish_reason"]:
+                        result["finish_reason"] = chunk["choices"][0]["finish_reason"]
+                    if chunk.get("usage"):
+                        result["tokens"] = chunk["usage"]["completion_tokens"]
+        return result
+
+    async with httpx.AsyncClient(base_url=proc.base_url, timeout=120) as client:
+        tasks = [asyncio.ensure_future(one(client)) for _ in range(count)]
+        deadline = time.monotonic() + 60
+        while _running(await client.get("/metrics")) < count and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        proc.process.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.3)
+        late = await client.post("/v1/completions", json={**body, "stream": False, "max_tokens": 2})
+        results = await asyncio.gather(*tasks)
+    return results, late.status_code
+
+
+def _running(response: httpx.Response) -> float:
+    for line in response.text.splitlines():
+        if line.startswith("infer:num_requests_running{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_sigterm_lets_running_streams_finish_then_exits_0(tiny_model, tmp_path):
+    proc = ServerProcess(tmp_path / "serve.log", "--model", str(tiny_model), "--served-model-name", "tiny",
+                         "--shutdown-timeout", "60")
+    proc.wait_ready()
+    try:
+        results, late_status = asyncio.run(_streams_through_sigterm(proc, 8, 300))
+    finally:
+        code = proc.stop(timeout=90)
+    assert late_status == 503  # draining: no new work
+    assert [r["finish_reason"] for r in results] == ["length"] * 8, results
+    assert all(r["tokens"] == 300 and r["done"] for r in results), results
+    assert code == 0, proc.log()
+
+
+def test_sigterm_aborts_what_outlives_the_timeout(tiny_model, tmp_path):
+    proc = ServerProcess(tmp_path / "serve.log", "--model", str(tiny_model), "--served-model-name", "tiny",
+                         "--shutdown-timeout", "0.5", "--max-model-len", "1024")
+    proc.wait_ready()
+    started = time.monotonic()
+    try:
+        results, _ = asyncio.run(_streams_through_sigterm(proc, 4, 1000))
+    finally:
+        code = proc.stop(timeout=90)
+    assert [r["finish_reason"] for r in results] == ["abort"] * 4, results
+    assert all(r["done"] and r["tokens"] < 1000 for r in results)
+    assert code == 0, proc.log()
+    assert time.monotonic() - started < 60
