@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import time
 
@@ -172,3 +173,37 @@ def test_sigterm_aborts_what_outlives_the_timeout(tiny_model, tmp_path):
     assert all(r["done"] and r["tokens"] < 1000 for r in results)
     assert code == 0, proc.log()
     assert time.monotonic() - started < 60
+
+
+def test_plain_uvicorn_serves_the_app_configured_from_the_environment(tiny_model, tmp_path):
+    """``uvicorn infer_core.server.app:app`` with INFER_* variables, as a deployment would run it."""
+    import subprocess
+    import sys
+
+    from infer_core.testing_server import free_port
+
+    port = free_port()
+    env = {**os.environ, "INFER_MODEL": str(tiny_model), "INFER_SERVED_MODEL_NAME": "tiny-env", "HF_HUB_OFFLINE": "1"}
+    with open(tmp_path / "uvicorn.log", "w") as log:
+        process = subprocess.Popen([sys.executable, "-m", "uvicorn", "infer_core.server.app:app", "--port", str(port)],
+                                   env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                try:
+                    if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.1)
+            assert [m["id"] for m in httpx.get(f"{base}/v1/models").json()["data"]] == ["tiny-env"]
+            r = httpx.post(f"{base}/v1/completions", json={"model": "tiny-env", "prompt": [3, 4], "max_tokens": 3,
+                                                           "ignore_eos": True})
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        finally:
+            process.send_signal(signal.SIGTERM)
+            code = process.wait(60)
+    # plain uvicorn shuts down gracefully, then re-raises the signal (``infer serve`` exits 0 instead)
+    log_text = (tmp_path / "uvicorn.log").read_text()
+    assert code in (0, -signal.SIGTERM) and "Application shutdown complete" in log_text, log_text[-3000:]
