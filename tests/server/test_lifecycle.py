@@ -207,3 +207,24 @@ def test_plain_uvicorn_serves_the_app_configured_from_the_environment(tiny_model
     # plain uvicorn shuts down gracefully, then re-raises the signal (``infer serve`` exits 0 instead)
     log_text = (tmp_path / "uvicorn.log").read_text()
     assert code in (0, -signal.SIGTERM) and "Application shutdown complete" in log_text, log_text[-3000:]
+
+
+def test_sampling_defaults_come_from_generation_config(tmp_path):
+    model = make_tiny_checkpoint("qwen3", tmp_path / "model")
+    (model / "generation_config.json").write_text(json.dumps({"do_sample": False, "top_k": 20}))
+    proc = ServerProcess(tmp_path / "serve.log", "--model", str(model), "--served-model-name", "tiny")
+    try:
+        proc.wait_ready()
+
+        def complete(**extra) -> list[int]:
+            body = {"model": "tiny", "prompt": [9, 8, 7], "max_tokens": 12, "ignore_eos": True, "logprobs": 0, **extra}
+            r = httpx.post(f"{proc.base_url}/v1/completions", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["logprobs"]["token_logprobs"]
+
+        greedy = complete(temperature=0)
+        assert complete() == greedy == complete()  # no temperature sent: the config's greedy applies
+        sampled = [complete(temperature=1.5, seed=s) for s in range(4)]
+        assert any(s != greedy for s in sampled)  # an explicit temperature overrides the default
+    finally:
+        assert proc.stop() == 0
