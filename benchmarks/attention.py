@@ -197,7 +197,6 @@ def prefill_flops(cells: PagedCells) -> float:
 def run_prefill(batch: int, query_len: int, prefix: int) -> list[dict]:
     cells = PagedCells(batch, [prefix + query_len] * batch, [query_len] * batch, seed=1)
     flops = prefill_flops(cells)
-    tiles = prefill_tiles(HEAD_DIM)
     base = {"kind": "prefill", "batch": batch, "query_len": query_len, "cached_prefix": prefix}
     rows, outputs = [], {}
 
@@ -211,7 +210,7 @@ def run_prefill(batch: int, query_len: int, prefix: int) -> list[dict]:
                                      (16, cells.kv_cache_16, cells.block_table_16)):
         out = torch.empty_like(cells.q)
 
-        def ours(cache=cache, table=table, out=out):
+        def ours(cache=cache, table=table, out=out, tiles=prefill_tiles(HEAD_DIM, block_size)):
             prefill_attention(cells.q, cache, table, cells.seq_lens, cells.query_start_loc, out, scale=SCALE,
                               first_req=0, num_reqs=batch, max_query_len=query_len, tiles=tiles)
 
@@ -314,15 +313,49 @@ def sweep(num_sms: int) -> None:
                 for ms, _, t, tf in top), flush=True)
 
 
+def probe_small_decode() -> None:
+    """Small decode cells, eager (do_bench) and replayed from a CUDA graph, per split count: how much
+    of their time is launch overhead rather than the kernels (printed, not written)."""
+    for batch, context in ((1, 512), (8, 512), (8, 2048), (64, 512)):
+        cells = PagedCells(batch, [context] * batch, [1] * batch)
+        out = torch.empty_like(cells.q)
+        line = []
+        for splits in (1, 2, 4, 8):
+            scratch = SplitScratch.allocate(batch, NUM_HEADS, splits, HEAD_DIM, "cuda")
+
+            def ours(splits=splits, scratch=scratch):
+                decode_attention(cells.q, cells.kv_cache, cells.block_table, cells.seq_lens, out, scale=SCALE,
+                                 num_splits=splits, tiles=decode_tiles(HEAD_DIM), scratch=scratch)
+
+            eager = bench_ms(ours)
+            with torch.cuda.stream(torch.cuda.Stream()):
+                graph = triton.testing.do_bench_cudagraph(ours, rep=50, return_mode="median")
+            line.append(f"x{splits}: {eager * 1e3:.1f}us eager / {graph * 1e3:.1f}us graph")
+        if flash_attn_with_kvcache is not None:
+            def flash():
+                flash_attn_with_kvcache(cells.q.unsqueeze(1), cells.kv_cache[0], cells.kv_cache[1],
+                                        cache_seqlens=cells.seq_lens, block_table=cells.block_table,
+                                        softmax_scale=SCALE, causal=True)
+
+            eager = bench_ms(flash)
+            with torch.cuda.stream(torch.cuda.Stream()):
+                graph = triton.testing.do_bench_cudagraph(flash, rep=50, return_mode="median")
+            line.append(f"flash: {eager * 1e3:.1f}us eager / {graph * 1e3:.1f}us graph")
+        print(f"probe decode b={batch} ctx={context}: " + "; ".join(line), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None, help="folder for the result JSON (default benchmarks/results)")
     parser.add_argument("--quick", action="store_true", help="a few cells only (smoke run)")
     parser.add_argument("--sweep", action="store_true", help="print tile/split variants first (tuning)")
+    parser.add_argument("--probe", action="store_true", help="print small decode cells eager vs CUDA graph first")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/attention.py needs a CUDA device")
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if args.probe:
+        probe_small_decode()
     if args.sweep:
         sweep(num_sms)
     copy_bw = copy_bandwidth()
@@ -346,7 +379,8 @@ def main() -> None:
                 "decode_batches": list(batches), "decode_contexts": list(contexts), "prefill": "8 x 2048, prefix 0/1024",
                 "copy_bandwidth_gb_s": round(copy_bw / GB, 1), "num_sms": num_sms,
                 "timing": "triton.testing.do_bench median, L2 flushed before each run",
-                "decode_tiles": str(decode_tiles(HEAD_DIM)), "prefill_tiles": str(prefill_tiles(HEAD_DIM)),
+                "decode_tiles": str(decode_tiles(HEAD_DIM)),
+                "prefill_tiles": {page: str(prefill_tiles(HEAD_DIM, page)) for page in (PAGE, 16)},
                 "versions": versions("triton", "flash-attn", "infer-attention-triton"),
                 "targets_met": f"{sum(r['target_met'] for r in targets)}/{len(targets)}"}
     path = write_result("attention", settings, rows, args.out)

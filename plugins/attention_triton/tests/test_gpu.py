@@ -83,7 +83,7 @@ def test_prefill_real_shapes(head_dim, block_size, dtype):
         out = torch.full_like(batch.q, float("nan"))
         prefill_attention(batch.q, batch.kv_cache, md.block_tables, md.seq_lens, md.query_start_loc, out,
                           scale=scale, first_req=0, num_reqs=md.num_reqs, max_query_len=md.max_query_len,
-                          tiles=prefill_tiles(head_dim), sliding_window=window)
+                          tiles=prefill_tiles(head_dim, block_size), sliding_window=window)
         err = relative_error(out, reference_attention(batch, scale, window, dtype=torch.float32))
         assert err < 1e-2, f"prefill (window {window}) relative error {err:.2e}"
 

@@ -16,7 +16,7 @@ from infer_attention_triton.capabilities import CAPABILITIES, validate_context
 from infer_attention_triton.decode import SplitScratch, decode_attention
 from infer_attention_triton.kv_write import write_kv
 from infer_attention_triton.prefill import prefill_attention
-from infer_attention_triton.tiles import choose_num_splits, decode_tiles, prefill_tiles
+from infer_attention_triton.tiles import PrefillTiles, choose_num_splits, decode_tiles, prefill_tiles
 from infer_core.interfaces import AttentionBackend, AttentionCapabilities, AttentionLayer, BatchMetadata, RuntimeContext
 
 
@@ -27,6 +27,7 @@ class TritonMetadata:
     common: BatchMetadata
     num_splits: int  # split-K factor of the decode launch
     scratch: SplitScratch | None  # partials of split-K decode (None when num_splits == 1)
+    prefill_tiles: PrefillTiles
 
 
 def multiprocessor_count(device: torch.device) -> int:
@@ -51,7 +52,6 @@ class TritonAttentionBackend(AttentionBackend):
         self.num_kv_heads = ctx.model.num_kv_heads
         self.head_dim = ctx.model.head_dim
         self.decode_tiles = decode_tiles(self.head_dim)
-        self.prefill_tiles = prefill_tiles(self.head_dim)
         self._scratch: SplitScratch | None = None
         self._num_sms: int | None = None
 
@@ -63,20 +63,21 @@ class TritonAttentionBackend(AttentionBackend):
         launch grid, then depends only on the batch size.
         """
         num_decodes = common.num_decode_only
+        tiles = prefill_tiles(self.head_dim, common.block_size)
         if num_decodes == 0:
-            return TritonMetadata(common, 1, None)
+            return TritonMetadata(common, 1, None, tiles)
         device = common.seq_lens.device
         if self._num_sms is None:
             self._num_sms = multiprocessor_count(device)
         num_splits = choose_num_splits(num_decodes, self.num_kv_heads, common.max_seq_len, self._num_sms,
                                        self.decode_tiles.block_n)
         if num_splits == 1:
-            return TritonMetadata(common, 1, None)
+            return TritonMetadata(common, 1, None, tiles)
         if self._scratch is None or not self._scratch.fits(num_decodes, self.num_heads, num_splits, self.head_dim):
             old = self._scratch.part_out.shape if self._scratch is not None else (0, 0, 0, 0)
             self._scratch = SplitScratch.allocate(max(num_decodes, old[0]), self.num_heads, max(num_splits, old[2]),
                                                   self.head_dim, device)
-        return TritonMetadata(common, num_splits, self._scratch)
+        return TritonMetadata(common, num_splits, self._scratch, tiles)
 
     def forward(self, layer: AttentionLayer, q, k, v, kv_cache, metadata: TritonMetadata | BatchMetadata):
         if isinstance(metadata, BatchMetadata):  # called without build_metadata (tests, tools)
@@ -96,7 +97,7 @@ class TritonAttentionBackend(AttentionBackend):
             prefill_attention(
                 q, kv_cache, md.block_tables, md.seq_lens, md.query_start_loc, out,
                 scale=layer.scale, first_req=num_decodes, num_reqs=md.num_reqs - num_decodes,
-                max_query_len=md.max_query_len, tiles=self.prefill_tiles, sliding_window=layer.sliding_window,
+                max_query_len=md.max_query_len, tiles=metadata.prefill_tiles, sliding_window=layer.sliding_window,
             )
         return out
 
