@@ -9,6 +9,7 @@ in flight) into an EngineDeadError, and the rest of the ranks are stopped with i
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -61,6 +62,10 @@ class TensorParallelExecutor(Executor):
             self.store = torchrun_store(placement)
         else:
             placement = RankPlacement(0, world_size, 0, backend)
+            if placement.is_cuda:
+                # A spawned worker's death is handled here (the group is aborted, the engine reports
+                # dead): NCCL's watchdog must clean up, not tear down the engine's (the server's) process.
+                os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
             self.store = dist.TCPStore(LOCALHOST, 0, None, True, COLLECTIVE_TIMEOUT, wait_for_workers=False)
             from infer_parallel_tp.processes import SpawnedWorkers
 
