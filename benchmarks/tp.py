@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -188,11 +189,35 @@ def run_one(args: argparse.Namespace) -> None:
     torch.save(torch.stack([x[:vocab] for x in logits]), scratch / f"logits-tp{args.child}.pt")
     row.update(measure_decode(llm, vocab, args.prompt_len, args.new_tokens, args.repeats))
     print(f"[tp={args.child}] decode {row['decode_ms_per_token']} ms/token", flush=True)
+    row_file = scratch / f"row-tp{args.child}.json"
+    row_file.write_text(json.dumps(row))  # kept if the throughput run is cut off by --timeout
     if args.num_prompts:
         row.update(measure_throughput(llm, args.num_prompts, args.max_len))
         print(f"[tp={args.child}] throughput {row['output_tok_s']} output tok/s", flush=True)
+        row_file.write_text(json.dumps(row))
     llm.shutdown()
-    (scratch / f"row-tp{args.child}.json").write_text(json.dumps(row))
+
+
+def run_size(size: int, scratch: str, argv: list[str], timeout: float) -> dict:
+    """One tensor-parallel size in a child process (and its workers), ended after ``timeout`` s."""
+    command = [sys.executable, "-m", "benchmarks.tp", "--child", str(size), "--scratch", scratch, *argv]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFER_")}
+    child = subprocess.Popen(command, env=env, start_new_session=True)
+    try:
+        code = child.wait(timeout=timeout)
+        note = None if code == 0 else f"exited with code {code}"
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        note = f"cut off after --timeout {timeout:.0f} s"
+    row_file = Path(scratch) / f"row-tp{size}.json"
+    if not row_file.is_file():
+        raise RuntimeError(f"TP={size}: the run {note} before its first figures")
+    row = json.loads(row_file.read_text())
+    if note is not None:
+        row["incomplete"] = note
+        print(f"[tp={size}] {note}; keeping the figures measured before", flush=True)
+    return row
 
 
 # --- the parent: both sizes, the comparison, the result file -------------------------------------
@@ -226,7 +251,12 @@ def main(argv: list[str] | None = None) -> int:
         help="below the engine's 0.9: the eager torch attention's decode copies are not profiled",
     )
     parser.add_argument("--tiny", action="store_true", help="a small Qwen3 on the CPU (dry run of the script)")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds each tensor-parallel size may take")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=240,
+        help="seconds each tensor-parallel size may take; a cut-off run keeps its earlier figures",
+    )
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--scratch", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--max-len", type=int, default=1024, help=argparse.SUPPRESS)
@@ -247,26 +277,14 @@ def main(argv: list[str] | None = None) -> int:
         config = TINY if args.tiny else QWEN3_8B
         (Path(scratch) / "model" / "config.json").write_text(json.dumps(config))
         for size in (1, args.tp):
-            command = [
-                sys.executable,
-                "-m",
-                "benchmarks.tp",
-                "--child",
-                str(size),
-                "--scratch",
-                scratch,
-                *(argv if argv is not None else sys.argv[1:]),
-            ]
-            env = {k: v for k, v in os.environ.items() if not k.startswith("INFER_")}
-            subprocess.run(command, check=True, timeout=args.timeout, env=env)
-            rows.append(json.loads((Path(scratch) / f"row-tp{size}.json").read_text()))
+            rows.append(run_size(size, scratch, argv if argv is not None else sys.argv[1:], args.timeout))
         reference = torch.load(Path(scratch) / "logits-tp1.pt")
         candidate = torch.load(Path(scratch) / f"logits-tp{args.tp}.pt")
     base, tp = rows
     tp.update(compare_logits(reference, candidate))
     tp["decode_speedup_vs_tp1"] = round(base["decode_ms_per_token"] / tp["decode_ms_per_token"], 3)
     tp["decode_target_speedup"] = DECODE_TARGET
-    if args.num_prompts:
+    if "output_tok_s" in base and "output_tok_s" in tp:
         tp["throughput_speedup_vs_tp1"] = round(tp["output_tok_s"] / base["output_tok_s"], 3)
     settings = {
         "model": "Qwen3 tiny (CPU dry run)" if args.tiny else "Qwen3-8B (dummy weights)",
