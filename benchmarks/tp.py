@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--timeout",
         type=float,
-        default=240,
+        default=210,
         help="seconds each tensor-parallel size may take; a cut-off run keeps its earlier figures",
     )
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
