@@ -23,6 +23,9 @@ import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from infer_core.interfaces import AttentionLayer, BatchMetadata  # noqa: E402
+
+from benchmarks.common import versions, write_result  # noqa: E402
 from infer_attention_triton.decode import SplitScratch, decode_attention  # noqa: E402
 from infer_attention_triton.prefill import prefill_attention  # noqa: E402
 from infer_attention_triton.tiles import (  # noqa: E402
@@ -32,9 +35,6 @@ from infer_attention_triton.tiles import (  # noqa: E402
     decode_tiles,
     prefill_tiles,
 )
-
-from benchmarks.common import versions, write_result  # noqa: E402
-from infer_core.interfaces import AttentionLayer, BatchMetadata  # noqa: E402
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
 DTYPE = torch.bfloat16
@@ -96,8 +96,9 @@ class PagedCells:
         pages = [-(-s // PAGE) for s in seq_lens]
         num_spare = -(-sum(num_query) // PAGE)  # where the torch backend writes the new tokens' K/V
         num_blocks = sum(pages) + num_spare
-        self.kv_cache = torch.randn(2, num_blocks, PAGE, NUM_KV_HEADS, HEAD_DIM, device="cuda", dtype=DTYPE,
-                                    generator=gen)
+        self.kv_cache = torch.randn(
+            2, num_blocks, PAGE, NUM_KV_HEADS, HEAD_DIM, device="cuda", dtype=DTYPE, generator=gen
+        )
         order = torch.randperm(num_blocks - num_spare, device="cuda", generator=gen).to(torch.int32)
         first_spare_slot = (num_blocks - num_spare) * PAGE
         self.spare_slots = torch.arange(sum(num_query), dtype=torch.int32, device="cuda") + first_spare_slot
@@ -105,13 +106,14 @@ class PagedCells:
         self.block_table = torch.zeros(batch, width, dtype=torch.int32, device="cuda")
         used = 0
         for i, n in enumerate(pages):
-            self.block_table[i, :n] = order[used:used + n]
+            self.block_table[i, :n] = order[used : used + n]
             used += n
         # The same memory as 16-token pages: page b of 256 is pages 16b .. 16b+15 of 16.
         sub = PAGE // 16
         self.kv_cache_16 = self.kv_cache.view(2, num_blocks * sub, 16, NUM_KV_HEADS, HEAD_DIM)
-        self.block_table_16 = (self.block_table[:, :, None] * sub + torch.arange(sub, device="cuda",
-                               dtype=torch.int32)).flatten(1)
+        self.block_table_16 = (
+            self.block_table[:, :, None] * sub + torch.arange(sub, device="cuda", dtype=torch.int32)
+        ).flatten(1)
         self.seq_lens = torch.tensor(seq_lens, dtype=torch.int32, device="cuda")
         self.seq_lens_list = seq_lens
         self.num_query = num_query
@@ -137,11 +139,18 @@ def torch_metadata(cells: PagedCells) -> BatchMetadata:
     seq_lens_cpu = torch.tensor(cells.seq_lens_list, dtype=torch.int32)
     loc_cpu = torch.tensor(cells.query_start_loc_list, dtype=torch.int32)
     return BatchMetadata(
-        num_reqs=len(cells.seq_lens_list), num_tokens=int(loc_cpu[-1]),
-        num_decode_only=sum(1 for n in cells.num_query if n == 1), max_query_len=max(cells.num_query),
-        max_seq_len=max(cells.seq_lens_list), block_size=PAGE, query_start_loc=cells.query_start_loc,
-        seq_lens=cells.seq_lens, block_tables=cells.block_table, slot_mapping=cells.spare_slots,
-        query_start_loc_cpu=loc_cpu, seq_lens_cpu=seq_lens_cpu,
+        num_reqs=len(cells.seq_lens_list),
+        num_tokens=int(loc_cpu[-1]),
+        num_decode_only=sum(1 for n in cells.num_query if n == 1),
+        max_query_len=max(cells.num_query),
+        max_seq_len=max(cells.seq_lens_list),
+        block_size=PAGE,
+        query_start_loc=cells.query_start_loc,
+        seq_lens=cells.seq_lens,
+        block_tables=cells.block_table,
+        slot_mapping=cells.spare_slots,
+        query_start_loc_cpu=loc_cpu,
+        seq_lens_cpu=seq_lens_cpu,
     )
 
 
@@ -172,17 +181,29 @@ def run_decode(batch: int, context: int, copy_bw: float, num_sms: int) -> list[d
         gbs = bytes_read / (ms * 1e-3) / GB
         if batch * context < GRAPH_BELOW_TOKENS and system != "torch":  # host launch cost shows in small cells
             extra["graph_time_us"] = round(graph_ms(fn) * 1e3, 2)
-        rows.append({**base, "system": system, "block_size": block_size, "time_us": round(ms * 1e3, 2),
-                     "gb_s": round(gbs, 1), "copy_bw_share": round(gbs * GB / copy_bw, 3), **extra})
+        rows.append(
+            {
+                **base,
+                "system": system,
+                "block_size": block_size,
+                "time_us": round(ms * 1e3, 2),
+                "gb_s": round(gbs, 1),
+                "copy_bw_share": round(gbs * GB / copy_bw, 3),
+                **extra,
+            }
+        )
         outputs[(system, block_size)] = out
 
-    for block_size, cache, table in ((PAGE, cells.kv_cache, cells.block_table),
-                                     (16, cells.kv_cache_16, cells.block_table_16)):
+    for block_size, cache, table in (
+        (PAGE, cells.kv_cache, cells.block_table),
+        (16, cells.kv_cache_16, cells.block_table_16),
+    ):
         out = torch.empty_like(cells.q)
 
         def ours(cache=cache, table=table, out=out):
-            decode_attention(cells.q, cache, table, cells.seq_lens, out, scale=SCALE, num_splits=splits,
-                             tiles=tiles, scratch=scratch)
+            decode_attention(
+                cells.q, cache, table, cells.seq_lens, out, scale=SCALE, num_splits=splits, tiles=tiles, scratch=scratch
+            )
 
         record("triton", block_size, ours, out, num_splits=splits)
     if flash_attn_with_kvcache is not None:
@@ -190,9 +211,15 @@ def run_decode(batch: int, context: int, copy_bw: float, num_sms: int) -> list[d
         holder = {}
 
         def flash():
-            holder["out"] = flash_attn_with_kvcache(q4, cells.kv_cache[0], cells.kv_cache[1],
-                                                    cache_seqlens=cells.seq_lens, block_table=cells.block_table,
-                                                    softmax_scale=SCALE, causal=True)
+            holder["out"] = flash_attn_with_kvcache(
+                q4,
+                cells.kv_cache[0],
+                cells.kv_cache[1],
+                cache_seqlens=cells.seq_lens,
+                block_table=cells.block_table,
+                softmax_scale=SCALE,
+                causal=True,
+            )
 
         flash()
         record("flash-attn", PAGE, flash, holder["out"].squeeze(1))
@@ -228,17 +255,37 @@ def run_prefill(batch: int, query_len: int, prefix: int) -> list[dict]:
 
     def record(system, block_size, fn, out):
         ms = bench_ms(fn)
-        rows.append({**base, "system": system, "block_size": block_size, "time_us": round(ms * 1e3, 2),
-                     "tflop_s": round(flops / (ms * 1e-3) / 1e12, 1)})
+        rows.append(
+            {
+                **base,
+                "system": system,
+                "block_size": block_size,
+                "time_us": round(ms * 1e3, 2),
+                "tflop_s": round(flops / (ms * 1e-3) / 1e12, 1),
+            }
+        )
         outputs[(system, block_size)] = out
 
-    for block_size, cache, table in ((PAGE, cells.kv_cache, cells.block_table),
-                                     (16, cells.kv_cache_16, cells.block_table_16)):
+    for block_size, cache, table in (
+        (PAGE, cells.kv_cache, cells.block_table),
+        (16, cells.kv_cache_16, cells.block_table_16),
+    ):
         out = torch.empty_like(cells.q)
 
         def ours(cache=cache, table=table, out=out, tiles=prefill_tiles(HEAD_DIM, block_size)):
-            prefill_attention(cells.q, cache, table, cells.seq_lens, cells.query_start_loc, out, scale=SCALE,
-                              first_req=0, num_reqs=batch, max_query_len=query_len, tiles=tiles)
+            prefill_attention(
+                cells.q,
+                cache,
+                table,
+                cells.seq_lens,
+                cells.query_start_loc,
+                out,
+                scale=SCALE,
+                first_req=0,
+                num_reqs=batch,
+                max_query_len=query_len,
+                tiles=tiles,
+            )
 
         record("triton", block_size, ours, out)
     if flash_attn_varlen_func is not None:
@@ -247,9 +294,17 @@ def run_prefill(batch: int, query_len: int, prefix: int) -> list[dict]:
 
         def flash():
             holder["out"] = flash_attn_varlen_func(
-                cells.q, cells.kv_cache[0], cells.kv_cache[1], cu_seqlens_q=cells.query_start_loc, cu_seqlens_k=cu_k,
-                max_seqlen_q=query_len, max_seqlen_k=prefix + query_len, softmax_scale=SCALE, causal=True,
-                block_table=cells.block_table)
+                cells.q,
+                cells.kv_cache[0],
+                cells.kv_cache[1],
+                cu_seqlens_q=cells.query_start_loc,
+                cu_seqlens_k=cu_k,
+                max_seqlen_q=query_len,
+                max_seqlen_k=prefix + query_len,
+                softmax_scale=SCALE,
+                causal=True,
+                block_table=cells.block_table,
+            )
 
         flash()
         record("flash-attn", PAGE, flash, holder["out"])
@@ -260,8 +315,11 @@ def run_prefill(batch: int, query_len: int, prefix: int) -> list[dict]:
 
 def judge(rows: list[dict], copy_bw: float) -> list[dict]:
     """Ratio to flash-attn per cell, and whether each target of the issue holds."""
-    flash = {(r["kind"], r["batch"], r.get("context"), r.get("cached_prefix")): r for r in rows
-             if r["system"] == "flash-attn"}
+    flash = {
+        (r["kind"], r["batch"], r.get("context"), r.get("cached_prefix")): r
+        for r in rows
+        if r["system"] == "flash-attn"
+    }
     for r in rows:
         if r["system"] != "triton":
             continue
@@ -280,10 +338,23 @@ def judge(rows: list[dict], copy_bw: float) -> list[dict]:
     return rows
 
 
-DECODE_VARIANTS = [DecodeTiles(*t) for t in ((32, 4, 3), (64, 2, 3), (64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3),
-                                            (128, 4, 3), (128, 8, 3))]
-PREFILL_VARIANTS = [PrefillTiles(*t) for t in ((64, 64, 4, 3), (128, 32, 4, 3), (128, 64, 4, 3), (128, 64, 8, 2),
-                                               (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (64, 32, 4, 4))]
+DECODE_VARIANTS = [
+    DecodeTiles(*t)
+    for t in ((32, 4, 3), (64, 2, 3), (64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 4, 3), (128, 8, 3))
+]
+PREFILL_VARIANTS = [
+    PrefillTiles(*t)
+    for t in (
+        (64, 64, 4, 3),
+        (128, 32, 4, 3),
+        (128, 64, 4, 3),
+        (128, 64, 8, 2),
+        (128, 64, 8, 3),
+        (128, 64, 8, 4),
+        (128, 128, 8, 3),
+        (64, 32, 4, 4),
+    )
+]
 
 
 def quick_ms(fn) -> float:
@@ -300,11 +371,24 @@ def sweep(num_sms: int) -> None:
         for tiles, splits in itertools.product(DECODE_VARIANTS, sorted({base, base * 2})):
             scratch = SplitScratch.allocate(batch, NUM_HEADS, splits, HEAD_DIM, "cuda")
             out = torch.empty_like(cells.q)
-            for page, cache, table in ((256, cells.kv_cache, cells.block_table),
-                                       (16, cells.kv_cache_16, cells.block_table_16)):
+            for page, cache, table in (
+                (256, cells.kv_cache, cells.block_table),
+                (16, cells.kv_cache_16, cells.block_table_16),
+            ):
                 try:
-                    ms = quick_ms(lambda: decode_attention(cells.q, cache, table, cells.seq_lens, out, scale=SCALE,
-                                                           num_splits=splits, tiles=tiles, scratch=scratch))
+                    ms = quick_ms(
+                        lambda: decode_attention(
+                            cells.q,
+                            cache,
+                            table,
+                            cells.seq_lens,
+                            out,
+                            scale=SCALE,
+                            num_splits=splits,
+                            tiles=tiles,
+                            scratch=scratch,
+                        )
+                    )
                 except Exception as exc:  # noqa: BLE001 - a variant that does not compile is skipped
                     print(f"  skip {tiles} splits={splits}: {type(exc).__name__}: {exc}"[:300])
                     continue
@@ -312,9 +396,14 @@ def sweep(num_sms: int) -> None:
         found.sort(key=lambda f: f[0])
         for page in (256, 16):
             top = [f for f in found if f[1] == page][:5]
-            print(f"sweep decode b={batch} ctx={context} page={page}: " + "; ".join(
-                f"n{t.block_n} w{t.num_warps} s{t.num_stages} x{sp}: {ms * 1e3:.1f}us {bw:.0f}GB/s"
-                for ms, _, t, sp, bw in top), flush=True)
+            print(
+                f"sweep decode b={batch} ctx={context} page={page}: "
+                + "; ".join(
+                    f"n{t.block_n} w{t.num_warps} s{t.num_stages} x{sp}: {ms * 1e3:.1f}us {bw:.0f}GB/s"
+                    for ms, _, t, sp, bw in top
+                ),
+                flush=True,
+            )
         del cells
         torch.cuda.empty_cache()
     for prefix in (0, 1024):
@@ -323,12 +412,26 @@ def sweep(num_sms: int) -> None:
         found = []
         for tiles in PREFILL_VARIANTS:
             out = torch.empty_like(cells.q)
-            for page, cache, table in ((256, cells.kv_cache, cells.block_table),
-                                       (16, cells.kv_cache_16, cells.block_table_16)):
+            for page, cache, table in (
+                (256, cells.kv_cache, cells.block_table),
+                (16, cells.kv_cache_16, cells.block_table_16),
+            ):
                 try:
-                    ms = quick_ms(lambda: prefill_attention(cells.q, cache, table, cells.seq_lens,
-                                                            cells.query_start_loc, out, scale=SCALE, first_req=0,
-                                                            num_reqs=8, max_query_len=2048, tiles=tiles))
+                    ms = quick_ms(
+                        lambda: prefill_attention(
+                            cells.q,
+                            cache,
+                            table,
+                            cells.seq_lens,
+                            cells.query_start_loc,
+                            out,
+                            scale=SCALE,
+                            first_req=0,
+                            num_reqs=8,
+                            max_query_len=2048,
+                            tiles=tiles,
+                        )
+                    )
                 except Exception as exc:  # noqa: BLE001
                     print(f"  skip {tiles}: {type(exc).__name__}: {exc}"[:300])
                     continue
@@ -336,9 +439,14 @@ def sweep(num_sms: int) -> None:
         found.sort(key=lambda f: f[0])
         for page in (256, 16):
             top = [f for f in found if f[1] == page][:5]
-            print(f"sweep prefill prefix={prefix} page={page}: " + "; ".join(
-                f"m{t.block_m} n{t.block_n} w{t.num_warps} s{t.num_stages}: {ms * 1e3:.0f}us {tf:.0f}TF/s"
-                for ms, _, t, tf in top), flush=True)
+            print(
+                f"sweep prefill prefix={prefix} page={page}: "
+                + "; ".join(
+                    f"m{t.block_m} n{t.block_n} w{t.num_warps} s{t.num_stages}: {ms * 1e3:.0f}us {tf:.0f}TF/s"
+                    for ms, _, t, tf in top
+                ),
+                flush=True,
+            )
 
 
 def probe_small_decode() -> None:
@@ -352,16 +460,32 @@ def probe_small_decode() -> None:
             scratch = SplitScratch.allocate(batch, NUM_HEADS, splits, HEAD_DIM, "cuda")
 
             def ours(splits=splits, scratch=scratch):
-                decode_attention(cells.q, cells.kv_cache, cells.block_table, cells.seq_lens, out, scale=SCALE,
-                                 num_splits=splits, tiles=decode_tiles(HEAD_DIM), scratch=scratch)
+                decode_attention(
+                    cells.q,
+                    cells.kv_cache,
+                    cells.block_table,
+                    cells.seq_lens,
+                    out,
+                    scale=SCALE,
+                    num_splits=splits,
+                    tiles=decode_tiles(HEAD_DIM),
+                    scratch=scratch,
+                )
 
             eager, graph = bench_ms(ours), graph_ms(ours)
             line.append(f"x{splits}: {eager * 1e3:.1f}us eager / {graph * 1e3:.1f}us graph")
         if flash_attn_with_kvcache is not None:
+
             def flash():
-                flash_attn_with_kvcache(cells.q.unsqueeze(1), cells.kv_cache[0], cells.kv_cache[1],
-                                        cache_seqlens=cells.seq_lens, block_table=cells.block_table,
-                                        softmax_scale=SCALE, causal=True)
+                flash_attn_with_kvcache(
+                    cells.q.unsqueeze(1),
+                    cells.kv_cache[0],
+                    cells.kv_cache[1],
+                    cache_seqlens=cells.seq_lens,
+                    block_table=cells.block_table,
+                    softmax_scale=SCALE,
+                    causal=True,
+                )
 
             eager, graph = bench_ms(flash), graph_ms(flash)
             line.append(f"flash: {eager * 1e3:.1f}us eager / {graph * 1e3:.1f}us graph")
@@ -370,7 +494,9 @@ def probe_small_decode() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=None, help="folder for the result JSON (default benchmarks/results)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="folder for the result JSON (default benchmarks/results)"
+    )
     parser.add_argument("--quick", action="store_true", help="a few cells only (smoke run)")
     parser.add_argument("--sweep", action="store_true", help="print tile/split variants first (tuning)")
     parser.add_argument("--probe", action="store_true", help="print small decode cells eager vs CUDA graph first")
@@ -389,32 +515,52 @@ def main() -> None:
     for batch, context in itertools.product(batches, contexts):
         cell = run_decode(batch, context, copy_bw, num_sms)
         rows += cell
-        print("  ".join(f"decode b={batch} ctx={context} {r['system']}/{r['block_size']}: {r['time_us']}us "
-                        f"{r['gb_s']}GB/s" + (f" (graph {r['graph_time_us']}us)" if "graph_time_us" in r else "")
-                        for r in cell), flush=True)
+        print(
+            "  ".join(
+                f"decode b={batch} ctx={context} {r['system']}/{r['block_size']}: {r['time_us']}us "
+                f"{r['gb_s']}GB/s" + (f" (graph {r['graph_time_us']}us)" if "graph_time_us" in r else "")
+                for r in cell
+            ),
+            flush=True,
+        )
         torch.cuda.empty_cache()
     for prefix in (0, 1024):
         cell = run_prefill(8, 2048, prefix)
         rows += cell
-        print("  ".join(f"prefill prefix={prefix} {r['system']}/{r['block_size']}: {r['time_us']}us "
-                        f"{r['tflop_s']}TF/s" for r in cell), flush=True)
+        print(
+            "  ".join(
+                f"prefill prefix={prefix} {r['system']}/{r['block_size']}: {r['time_us']}us {r['tflop_s']}TF/s"
+                for r in cell
+            ),
+            flush=True,
+        )
     rows = judge(rows, copy_bw)
     targets = [r for r in rows if "target_met" in r]
-    settings = {"num_heads": NUM_HEADS, "num_kv_heads": NUM_KV_HEADS, "head_dim": HEAD_DIM, "dtype": "bfloat16",
-                "decode_batches": list(batches), "decode_contexts": list(contexts), "prefill": "8 x 2048, prefix 0/1024",
-                "copy_bandwidth_gb_s": round(copy_bw / GB, 1), "num_sms": num_sms,
-                "timing": "triton.testing.do_bench median, L2 flushed before each run (eager launches); "
-                          "graph_time_us: one CUDA-graph replay, median of 50, L2 flushed, for decode cells under 64k tokens",
-                "decode_tiles": str(decode_tiles(HEAD_DIM)),
-                "prefill_tiles": {page: str(prefill_tiles(HEAD_DIM, page)) for page in (PAGE, 16)},
-                "versions": versions("triton", "flash-attn", "infer-attention-triton"),
-                "targets_met": f"{sum(r['target_met'] for r in targets)}/{len(targets)}"}
+    settings = {
+        "num_heads": NUM_HEADS,
+        "num_kv_heads": NUM_KV_HEADS,
+        "head_dim": HEAD_DIM,
+        "dtype": "bfloat16",
+        "decode_batches": list(batches),
+        "decode_contexts": list(contexts),
+        "prefill": "8 x 2048, prefix 0/1024",
+        "copy_bandwidth_gb_s": round(copy_bw / GB, 1),
+        "num_sms": num_sms,
+        "timing": "triton.testing.do_bench median, L2 flushed before each run (eager launches); "
+        "graph_time_us: one CUDA-graph replay, median of 50, L2 flushed, for decode cells under 64k tokens",
+        "decode_tiles": str(decode_tiles(HEAD_DIM)),
+        "prefill_tiles": {page: str(prefill_tiles(HEAD_DIM, page)) for page in (PAGE, 16)},
+        "versions": versions("triton", "flash-attn", "infer-attention-triton"),
+        "targets_met": f"{sum(r['target_met'] for r in targets)}/{len(targets)}",
+    }
     path = write_result("attention", settings, rows, args.out)
     print(f"targets met: {settings['targets_met']}; wrote {path}")
     for r in targets:
         if not r["target_met"]:
-            print(f"  missed: {r['kind']} b={r['batch']} ctx={r.get('context')} prefix={r.get('cached_prefix')} "
-                  f"page {r['block_size']}: {r['speed_vs_flash']}x flash, {r.get('copy_bw_share')} of copy bw")
+            print(
+                f"  missed: {r['kind']} b={r['batch']} ctx={r.get('context')} prefix={r.get('cached_prefix')} "
+                f"page {r['block_size']}: {r['speed_vs_flash']}x flash, {r.get('copy_bw_share')} of copy bw"
+            )
 
 
 if __name__ == "__main__":

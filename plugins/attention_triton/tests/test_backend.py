@@ -9,24 +9,41 @@ import textwrap
 
 import pytest
 import torch
-
-from infer_attention_triton.backend import TritonAttentionBackend, TritonMetadata
-from infer_attention_triton.capabilities import validate_context
-from infer_attention_triton.testing import make_paged_batch, reference_attention, relative_error
 from infer_core.interfaces import AttentionLayer, RuntimeContext
 from infer_core.models.config import model_config_from_dict
 from infer_core.settings import EngineSettings
 
+from infer_attention_triton.backend import TritonAttentionBackend, TritonMetadata
+from infer_attention_triton.capabilities import validate_context
+from infer_attention_triton.testing import make_paged_batch, reference_attention, relative_error
+
 
 def make_ctx(device="cpu", dtype="float32", head_dim=32, num_heads=4, num_kv_heads=2, interpret=True, window=None):
-    model = model_config_from_dict({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 64, "hidden_size": 64,
-        "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": num_heads,
-        "num_key_value_heads": num_kv_heads, "head_dim": head_dim, "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-6, **({"sliding_window": window} if window else {}),
-    })
-    return RuntimeContext(device, dtype, model, EngineSettings(), (9, 0) if device == "cuda" else None,
-                          1 if device == "cuda" else 0, interpret)
+    model = model_config_from_dict(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": 64,
+            "hidden_size": 64,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": num_heads,
+            "num_key_value_heads": num_kv_heads,
+            "head_dim": head_dim,
+            "max_position_embeddings": 4096,
+            "rms_norm_eps": 1e-6,
+            **({"sliding_window": window} if window else {}),
+        }
+    )
+    return RuntimeContext(
+        device,
+        dtype,
+        model,
+        EngineSettings(),
+        (9, 0) if device == "cuda" else None,
+        1 if device == "cuda" else 0,
+        interpret,
+    )
 
 
 @pytest.mark.parametrize("sliding_window", [None, 12])
@@ -34,8 +51,9 @@ def test_mixed_step_matches_reference_and_skips_padding(device, sliding_window):
     # Three decodes (contexts 0, one block, a block + 1) and three prefills (a whole prompt, a
     # prefix-cache hit, a chunk that starts mid-block), then two padded rows (CUDA graphs).
     contexts, queries = [0, 16, 17, 0, 32, 21], [1, 1, 1, 19, 8, 16]
-    batch = make_paged_batch(contexts, queries, num_heads=4, num_kv_heads=2, head_dim=32, block_size=16,
-                             device=device, seed=3)
+    batch = make_paged_batch(
+        contexts, queries, num_heads=4, num_kv_heads=2, head_dim=32, block_size=16, device=device, seed=3
+    )
     num_padded = 2
     q = torch.cat([batch.q, torch.randn(num_padded, 4, 32, device=device)])
     k = torch.cat([batch.k, torch.randn(num_padded, 2, 32, device=device)])
@@ -60,8 +78,9 @@ def test_mixed_step_matches_reference_and_skips_padding(device, sliding_window):
 
 def test_build_metadata_splits_long_decodes_and_reuses_scratch(device):
     backend = TritonAttentionBackend(make_ctx(device))
-    long_batch = make_paged_batch([300, 200], [1, 1], num_heads=4, num_kv_heads=2, head_dim=32, block_size=16,
-                                  device=device)
+    long_batch = make_paged_batch(
+        [300, 200], [1, 1], num_heads=4, num_kv_heads=2, head_dim=32, block_size=16, device=device
+    )
     first = backend.build_metadata(long_batch.metadata)
     assert isinstance(first, TritonMetadata) and first.num_splits > 1
     assert first.scratch.part_out.shape[1:] == (4, first.num_splits, 32)

@@ -15,8 +15,18 @@ def run_decode(batch, scale, num_splits, block_n, sliding_window=None):
     out = torch.full_like(batch.q, float("nan"))
     scratch = SplitScratch.allocate(num_seqs, num_heads, num_splits, head_dim, batch.q.device)
     md = batch.metadata
-    decode_attention(batch.q, batch.kv_cache, md.block_tables, md.seq_lens, out, scale=scale, num_splits=num_splits,
-                     tiles=DecodeTiles(block_n, 4, 2), sliding_window=sliding_window, scratch=scratch)
+    decode_attention(
+        batch.q,
+        batch.kv_cache,
+        md.block_tables,
+        md.seq_lens,
+        out,
+        scale=scale,
+        num_splits=num_splits,
+        tiles=DecodeTiles(block_n, 4, 2),
+        sliding_window=sliding_window,
+        scratch=scratch,
+    )
     return out
 
 
@@ -27,8 +37,16 @@ EDGE_CONTEXTS = [0, 1, 15, 16, 17, 31, 32, 33, 70]
 @pytest.mark.parametrize("num_splits", [1, 2, 3, 16])
 @pytest.mark.parametrize("block_n", [16, 32])  # 32 over 16-token pages looks up a page per token
 def test_decode_float32_edges(device, num_splits, block_n):
-    batch = make_paged_batch(EDGE_CONTEXTS, [1] * len(EDGE_CONTEXTS), num_heads=4, num_kv_heads=2, head_dim=32,
-                             block_size=16, device=device, seed=num_splits)
+    batch = make_paged_batch(
+        EDGE_CONTEXTS,
+        [1] * len(EDGE_CONTEXTS),
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        block_size=16,
+        device=device,
+        seed=num_splits,
+    )
     write_new_tokens(batch)
     out = run_decode(batch, 0.17, num_splits, block_n)
     assert relative_error(out, reference_attention(batch, 0.17)) < 1e-5
@@ -38,8 +56,16 @@ def test_decode_float32_edges(device, num_splits, block_n):
 @pytest.mark.parametrize(("head_dim", "block_size"), [(64, 16), (128, 32), (256, 16), (16, 64)])
 def test_decode_float32_gqa_and_shapes(device, num_heads, num_kv_heads, head_dim, block_size):
     contexts = [5, block_size - 1, 3 * block_size, 2 * block_size + 7]
-    batch = make_paged_batch(contexts, [1] * 4, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                             block_size=block_size, device=device, seed=head_dim + num_heads)
+    batch = make_paged_batch(
+        contexts,
+        [1] * 4,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        device=device,
+        seed=head_dim + num_heads,
+    )
     write_new_tokens(batch)
     scale = head_dim**-0.5
     out = run_decode(batch, scale, 2, 16)
@@ -48,8 +74,16 @@ def test_decode_float32_gqa_and_shapes(device, num_heads, num_kv_heads, head_dim
 
 @pytest.mark.parametrize("sliding_window", [1, 7, 16, 40])
 def test_decode_sliding_window(device, sliding_window):
-    batch = make_paged_batch([0, 6, 16, 50, 90], [1] * 5, num_heads=4, num_kv_heads=1, head_dim=32, block_size=16,
-                             device=device, seed=sliding_window)
+    batch = make_paged_batch(
+        [0, 6, 16, 50, 90],
+        [1] * 5,
+        num_heads=4,
+        num_kv_heads=1,
+        head_dim=32,
+        block_size=16,
+        device=device,
+        seed=sliding_window,
+    )
     write_new_tokens(batch)
     out = run_decode(batch, 0.2, 4, 16, sliding_window)
     assert relative_error(out, reference_attention(batch, 0.2, sliding_window)) < 1e-5
@@ -57,8 +91,17 @@ def test_decode_sliding_window(device, sliding_window):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_decode_half_precision(device, dtype):
-    batch = make_paged_batch([3, 40, 77], [1] * 3, num_heads=8, num_kv_heads=2, head_dim=64, block_size=32,
-                             dtype=dtype, device=device, seed=1)
+    batch = make_paged_batch(
+        [3, 40, 77],
+        [1] * 3,
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=64,
+        block_size=32,
+        dtype=dtype,
+        device=device,
+        seed=1,
+    )
     write_new_tokens(batch)
     out = run_decode(batch, 0.125, 2, 16)
     assert out.dtype == dtype

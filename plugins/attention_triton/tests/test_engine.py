@@ -10,7 +10,6 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from infer_core import LLM, SamplingParams
 from infer_core.testing import TINY_ARCHITECTURES, LogitsRecorder, make_tiny_checkpoint
 
@@ -21,8 +20,12 @@ NUM_NEW_TOKENS = 12
 def prompts(vocab: int, shared_prefix: int) -> list[list[int]]:
     rng = random.Random(vocab + shared_prefix)
     prefix = [rng.randrange(3, vocab) for _ in range(shared_prefix)]
-    return [(prefix + [rng.randrange(3, vocab) for _ in range(n)])[:max(n, 1)] if n < shared_prefix
-            else prefix + [rng.randrange(3, vocab) for _ in range(n - shared_prefix)] for n in PROMPT_LENGTHS]
+    return [
+        (prefix + [rng.randrange(3, vocab) for _ in range(n)])[: max(n, 1)]
+        if n < shared_prefix
+        else prefix + [rng.randrange(3, vocab) for _ in range(n - shared_prefix)]
+        for n in PROMPT_LENGTHS
+    ]
 
 
 def generate(folder, attention: str, batch_prompts, **settings):

@@ -12,16 +12,16 @@ import random
 
 import pytest
 import torch
+from infer_core import LLM, SamplingParams
+from infer_core.interfaces import AttentionLayer, CachedRequestData, NewRequestData, SchedulerOutput
+from infer_core.runner.inputs import build_step_inputs
+from infer_core.runner.state import apply_scheduler_output
 
 from infer_attention_triton.backend import TritonAttentionBackend
 from infer_attention_triton.decode import SplitScratch, decode_attention
 from infer_attention_triton.prefill import prefill_attention
 from infer_attention_triton.testing import make_paged_batch, reference_attention, relative_error, write_new_tokens
 from infer_attention_triton.tiles import decode_tiles, prefill_tiles
-from infer_core import LLM, SamplingParams
-from infer_core.interfaces import AttentionLayer, CachedRequestData, NewRequestData, SchedulerOutput
-from infer_core.runner.inputs import build_step_inputs
-from infer_core.runner.state import apply_scheduler_output
 
 pytestmark = pytest.mark.gpu
 
@@ -33,8 +33,18 @@ def check_decode(batch, scale, num_splits, window=None, tol=1e-2):
     out = torch.full_like(batch.q, float("nan"))
     scratch = SplitScratch.allocate(num_seqs, num_heads, num_splits, head_dim, DEVICE)
     md = batch.metadata
-    decode_attention(batch.q, batch.kv_cache, md.block_tables, md.seq_lens, out, scale=scale, num_splits=num_splits,
-                     tiles=decode_tiles(head_dim), sliding_window=window, scratch=scratch)
+    decode_attention(
+        batch.q,
+        batch.kv_cache,
+        md.block_tables,
+        md.seq_lens,
+        out,
+        scale=scale,
+        num_splits=num_splits,
+        tiles=decode_tiles(head_dim),
+        sliding_window=window,
+        scratch=scratch,
+    )
     err = relative_error(out, reference_attention(batch, scale, window, dtype=torch.float32))
     assert err < tol, f"decode relative error {err:.2e}"
 
@@ -43,47 +53,102 @@ def check_decode(batch, scale, num_splits, window=None, tol=1e-2):
 @pytest.mark.parametrize("num_splits", [1, 4, 64])
 def test_decode_bf16_real_shapes(block_size, num_splits):
     contexts = [0, 1, block_size - 1, block_size, block_size + 1, 1000, 4095, 8191, 12000]
-    batch = make_paged_batch(contexts, [1] * len(contexts), num_heads=32, num_kv_heads=8, head_dim=128,
-                             block_size=block_size, dtype=torch.bfloat16, device=DEVICE, seed=block_size + num_splits)
+    batch = make_paged_batch(
+        contexts,
+        [1] * len(contexts),
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        block_size=block_size,
+        dtype=torch.bfloat16,
+        device=DEVICE,
+        seed=block_size + num_splits,
+    )
     write_new_tokens(batch)
     check_decode(batch, 128**-0.5, num_splits)
 
 
-@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "dtype"), [
-    (16, 16, 64, torch.bfloat16), (16, 2, 256, torch.bfloat16), (64, 8, 128, torch.float16), (8, 8, 128, torch.float16),
-])
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim", "dtype"),
+    [
+        (16, 16, 64, torch.bfloat16),
+        (16, 2, 256, torch.bfloat16),
+        (64, 8, 128, torch.float16),
+        (8, 8, 128, torch.float16),
+    ],
+)
 def test_decode_other_shapes(num_heads, num_kv_heads, head_dim, dtype):
     contexts = [5, 300, 2047, 5000]
-    batch = make_paged_batch(contexts, [1] * 4, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                             block_size=16, dtype=dtype, device=DEVICE, seed=head_dim)
+    batch = make_paged_batch(
+        contexts,
+        [1] * 4,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=16,
+        dtype=dtype,
+        device=DEVICE,
+        seed=head_dim,
+    )
     write_new_tokens(batch)
     check_decode(batch, head_dim**-0.5, 8)
     check_decode(batch, head_dim**-0.5, 4, window=700)
 
 
 def test_decode_long_context_128k():
-    batch = make_paged_batch([131071], [1], num_heads=32, num_kv_heads=8, head_dim=128, block_size=256,
-                             dtype=torch.bfloat16, device=DEVICE, spare_blocks=0)
+    batch = make_paged_batch(
+        [131071],
+        [1],
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        block_size=256,
+        dtype=torch.bfloat16,
+        device=DEVICE,
+        spare_blocks=0,
+    )
     write_new_tokens(batch)
     check_decode(batch, 128**-0.5, 64)
 
 
-@pytest.mark.parametrize(("head_dim", "block_size", "dtype"), [(128, 16, torch.bfloat16), (128, 256, torch.bfloat16),
-                                                               (64, 32, torch.float16), (256, 16, torch.bfloat16)])
+@pytest.mark.parametrize(
+    ("head_dim", "block_size", "dtype"),
+    [(128, 16, torch.bfloat16), (128, 256, torch.bfloat16), (64, 32, torch.float16), (256, 16, torch.bfloat16)],
+)
 def test_prefill_real_shapes(head_dim, block_size, dtype):
     # Whole prompts, prefix-cache hits (a whole number of blocks cached) and chunks starting mid-block.
     contexts = [0, 0, 2 * block_size, 1024, 700, 33]
     queries = [2048, 17, 500, 1024, 129, 2]
-    batch = make_paged_batch(contexts, queries, num_heads=32, num_kv_heads=8, head_dim=head_dim,
-                             block_size=block_size, dtype=dtype, device=DEVICE, seed=head_dim + block_size)
+    batch = make_paged_batch(
+        contexts,
+        queries,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=head_dim,
+        block_size=block_size,
+        dtype=dtype,
+        device=DEVICE,
+        seed=head_dim + block_size,
+    )
     write_new_tokens(batch)
     md = batch.metadata
     scale = head_dim**-0.5
     for window in (None, 300):
         out = torch.full_like(batch.q, float("nan"))
-        prefill_attention(batch.q, batch.kv_cache, md.block_tables, md.seq_lens, md.query_start_loc, out,
-                          scale=scale, first_req=0, num_reqs=md.num_reqs, max_query_len=md.max_query_len,
-                          tiles=prefill_tiles(head_dim, block_size), sliding_window=window)
+        prefill_attention(
+            batch.q,
+            batch.kv_cache,
+            md.block_tables,
+            md.seq_lens,
+            md.query_start_loc,
+            out,
+            scale=scale,
+            first_req=0,
+            num_reqs=md.num_reqs,
+            max_query_len=md.max_query_len,
+            tiles=prefill_tiles(head_dim, block_size),
+            sliding_window=window,
+        )
         err = relative_error(out, reference_attention(batch, scale, window, dtype=torch.float32))
         assert err < 1e-2, f"prefill (window {window}) relative error {err:.2e}"
 
@@ -93,12 +158,21 @@ def _backend(num_heads=32, num_kv_heads=8, head_dim=128):
     from infer_core.models.config import model_config_from_dict
     from infer_core.settings import EngineSettings
 
-    model = model_config_from_dict({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 64, "hidden_size": 4096,
-        "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": num_heads,
-        "num_key_value_heads": num_kv_heads, "head_dim": head_dim, "max_position_embeddings": 32768,
-        "rms_norm_eps": 1e-6,
-    })
+    model = model_config_from_dict(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": 64,
+            "hidden_size": 4096,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": num_heads,
+            "num_key_value_heads": num_kv_heads,
+            "head_dim": head_dim,
+            "max_position_embeddings": 32768,
+            "rms_norm_eps": 1e-6,
+        }
+    )
     ctx = RuntimeContext("cuda", "bfloat16", model, EngineSettings(), torch.cuda.get_device_capability(), 1, False)
     return TritonAttentionBackend(ctx)
 
@@ -106,11 +180,26 @@ def _backend(num_heads=32, num_kv_heads=8, head_dim=128):
 def test_mixed_step_bf16():
     contexts = [100, 3000, 256, 0, 512, 77]
     queries = [1, 1, 1, 900, 256, 300]
-    batch = make_paged_batch(contexts, queries, num_heads=32, num_kv_heads=8, head_dim=128, block_size=16,
-                             dtype=torch.bfloat16, device=DEVICE, seed=9)
+    batch = make_paged_batch(
+        contexts,
+        queries,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        block_size=16,
+        dtype=torch.bfloat16,
+        device=DEVICE,
+        seed=9,
+    )
     backend = _backend()
-    out = backend.forward(AttentionLayer(0, 32, 8, 128, 128**-0.5), batch.q, batch.k, batch.v, batch.kv_cache,
-                          backend.build_metadata(batch.metadata))
+    out = backend.forward(
+        AttentionLayer(0, 32, 8, 128, 128**-0.5),
+        batch.q,
+        batch.k,
+        batch.v,
+        batch.kv_cache,
+        backend.build_metadata(batch.metadata),
+    )
     err = relative_error(out, reference_attention(batch, 128**-0.5, dtype=torch.float32))
     assert err < 1e-2
 
@@ -119,8 +208,18 @@ def test_decode_step_replays_in_a_cuda_graph():
     """Captured once for 8 requests; replayed with other lengths, pages and queries written in place."""
     backend = _backend()
     layer = AttentionLayer(0, 32, 8, 128, 128**-0.5)
-    first = make_paged_batch([8000] * 8, [1] * 8, num_heads=32, num_kv_heads=8, head_dim=128, block_size=16,
-                             dtype=torch.bfloat16, device=DEVICE, seed=1, spare_blocks=64)
+    first = make_paged_batch(
+        [8000] * 8,
+        [1] * 8,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        block_size=16,
+        dtype=torch.bfloat16,
+        device=DEVICE,
+        seed=1,
+        spare_blocks=64,
+    )
     md = first.metadata
     md.max_seq_len = 8192  # capture for the longest context the graph will serve
     metadata = backend.build_metadata(md)
@@ -135,8 +234,17 @@ def test_decode_step_replays_in_a_cuda_graph():
         out = backend.forward(layer, q, k, v, cache, metadata)
 
     for seed, contexts in ((2, [0, 15, 16, 17, 255, 1000, 4000, 7000]), (3, [3000] * 8)):
-        fresh = make_paged_batch(contexts, [1] * 8, num_heads=32, num_kv_heads=8, head_dim=128, block_size=16,
-                                 dtype=torch.bfloat16, device=DEVICE, seed=seed)
+        fresh = make_paged_batch(
+            contexts,
+            [1] * 8,
+            num_heads=32,
+            num_kv_heads=8,
+            head_dim=128,
+            block_size=16,
+            dtype=torch.bfloat16,
+            device=DEVICE,
+            seed=seed,
+        )
         assert fresh.kv_cache.shape[1] <= cache.shape[1]
         cache.zero_()
         cache[:, : fresh.kv_cache.shape[1]].copy_(fresh.kv_cache)
@@ -157,11 +265,24 @@ def test_decode_step_replays_in_a_cuda_graph():
 # --- the engine on a Qwen3-0.6B-shaped model -------------------------------------------------------
 
 QWEN3_0_6B = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024,
-    "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
-    "head_dim": 128, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
-    "tie_word_embeddings": True, "torch_dtype": "bfloat16", "bos_token_id": 151643, "eos_token_id": 151645,
-    "hidden_act": "silu", "attention_bias": False,
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "vocab_size": 151936,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "hidden_act": "silu",
+    "attention_bias": False,
 }
 
 
@@ -202,28 +323,54 @@ def mixed_batch_logits(llm: LLM) -> torch.Tensor:
     d = a[:512] + [rng.randrange(0, 150000) for _ in range(200)]
     params = SamplingParams(temperature=0)
     blocks = {"a": run.blocks(701), "b": run.blocks(1500), "c": run.blocks(91)}
-    run.step(SchedulerOutput(
-        new_requests=[NewRequestData("a", a, 700, params, blocks["a"], 0),
-                      NewRequestData("b", b, 1500, params, blocks["b"], 0),
-                      NewRequestData("c", c, 90, params, blocks["c"], 0)],
-        num_scheduled_tokens={"a": 700, "b": 1024, "c": 90}), {"a": [699]})
+    run.step(
+        SchedulerOutput(
+            new_requests=[
+                NewRequestData("a", a, 700, params, blocks["a"], 0),
+                NewRequestData("b", b, 1500, params, blocks["b"], 0),
+                NewRequestData("c", c, 90, params, blocks["c"], 0),
+            ],
+            num_scheduled_tokens={"a": 700, "b": 1024, "c": 90},
+        ),
+        {"a": [699]},
+    )
     shared = 512 // run.block_size  # d reuses a's first full blocks, as a prefix-cache hit would
     d_blocks = blocks["a"][:shared] + run.blocks(712 - 512)
     second = SchedulerOutput(
-        new_requests=[NewRequestData("d", d, 712, params, d_blocks, 512),
-                      NewRequestData("e", e, 300, params, run.blocks(300), 0)],
-        cached_requests=[CachedRequestData("a", [11], [], 700), CachedRequestData("c", [12], [], 90),
-                         CachedRequestData("b", [], [], 1024)],
-        num_scheduled_tokens={"a": 1, "c": 1, "b": 476, "d": 200, "e": 300})
-    rows = {"a": [0], "c": [0], "b": list(range(0, 476, 22)), "d": list(range(0, 200, 10)),
-            "e": list(range(2, 300, 15))}
+        new_requests=[
+            NewRequestData("d", d, 712, params, d_blocks, 512),
+            NewRequestData("e", e, 300, params, run.blocks(300), 0),
+        ],
+        cached_requests=[
+            CachedRequestData("a", [11], [], 700),
+            CachedRequestData("c", [12], [], 90),
+            CachedRequestData("b", [], [], 1024),
+        ],
+        num_scheduled_tokens={"a": 1, "c": 1, "b": 476, "d": 200, "e": 300},
+    )
+    rows = {
+        "a": [0],
+        "c": [0],
+        "b": list(range(0, 476, 22)),
+        "d": list(range(0, 200, 10)),
+        "e": list(range(2, 300, 15)),
+    }
     assert sum(map(len, rows.values())) == 64
     return run.step(second, rows)
 
 
 def engine_logits(folder, attention: str, block_size: int) -> torch.Tensor:
-    llm = LLM(str(folder), attention=attention, load_format="dummy", block_size=block_size, kv_cache_gb=1,
-              max_model_len=4096, max_num_seqs=16, max_num_batched_tokens=2048, seed=0)
+    llm = LLM(
+        str(folder),
+        attention=attention,
+        load_format="dummy",
+        block_size=block_size,
+        kv_cache_gb=1,
+        max_model_len=4096,
+        max_num_seqs=16,
+        max_num_batched_tokens=2048,
+        seed=0,
+    )
     try:
         assert llm.engine.config.dtype == "bfloat16"
         return mixed_batch_logits(llm)
@@ -251,6 +398,7 @@ def test_engine_generates_on_cuda_by_default(tmp_path):
     llm = LLM(str(tmp_path), load_format="dummy", kv_cache_gb=1, max_model_len=2048, max_num_seqs=8)
     name = llm.engine.config.implementations["attention"]
     assert name == "triton" or (name == "flash" and importlib.util.find_spec("infer_attention_flash"))
-    outputs = llm.generate([[1, 2, 3]] * 4, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
-                           use_tqdm=False)
+    outputs = llm.generate(
+        [[1, 2, 3]] * 4, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False
+    )
     assert [len(o.outputs[0].token_ids) for o in outputs] == [8] * 4

@@ -9,16 +9,17 @@ from infer_attention_triton.kv_write import write_kv
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(("num_kv_heads", "head_dim", "block_size"), [(1, 64, 16), (2, 32, 32), (3, 16, 16),
-                                                                     (8, 128, 64), (2, 96, 16)])
+@pytest.mark.parametrize(
+    ("num_kv_heads", "head_dim", "block_size"), [(1, 64, 16), (2, 32, 32), (3, 16, 16), (8, 128, 64), (2, 96, 16)]
+)
 def test_write_kv_matches_indexing(device, dtype, num_kv_heads, head_dim, block_size):
     gen = torch.Generator().manual_seed(num_kv_heads * 1000 + head_dim)
     num_blocks, num_tokens = 5, 23
     cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(dtype).to(device)
     # K and V as views into a fused qkv projection, as the model hands them over (strided rows).
     qkv = torch.randn(num_tokens, 3 * num_kv_heads * head_dim, generator=gen).to(dtype).to(device)
-    key = qkv[:, num_kv_heads * head_dim: 2 * num_kv_heads * head_dim].view(num_tokens, num_kv_heads, head_dim)
-    value = qkv[:, 2 * num_kv_heads * head_dim:].view(num_tokens, num_kv_heads, head_dim)
+    key = qkv[:, num_kv_heads * head_dim : 2 * num_kv_heads * head_dim].view(num_tokens, num_kv_heads, head_dim)
+    value = qkv[:, 2 * num_kv_heads * head_dim :].view(num_tokens, num_kv_heads, head_dim)
     slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens].to(torch.int32)
     slots[[3, 11]] = -1
     expected = cache.clone()

@@ -11,13 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from infer_core.interfaces import AttentionBackend, AttentionCapabilities, AttentionLayer, BatchMetadata, RuntimeContext
 
 from infer_attention_triton.capabilities import CAPABILITIES, validate_context
 from infer_attention_triton.decode import SplitScratch, decode_attention
 from infer_attention_triton.kv_write import write_kv
 from infer_attention_triton.prefill import prefill_attention
 from infer_attention_triton.tiles import PrefillTiles, choose_num_splits, decode_tiles, prefill_tiles
-from infer_core.interfaces import AttentionBackend, AttentionCapabilities, AttentionLayer, BatchMetadata, RuntimeContext
 
 
 @dataclass(slots=True)
@@ -69,14 +69,16 @@ class TritonAttentionBackend(AttentionBackend):
         device = common.seq_lens.device
         if self._num_sms is None:
             self._num_sms = multiprocessor_count(device)
-        num_splits = choose_num_splits(num_decodes, self.num_kv_heads, common.max_seq_len, self._num_sms,
-                                       self.decode_tiles.block_n)
+        num_splits = choose_num_splits(
+            num_decodes, self.num_kv_heads, common.max_seq_len, self._num_sms, self.decode_tiles.block_n
+        )
         if num_splits == 1:
             return TritonMetadata(common, 1, None, tiles)
         if self._scratch is None or not self._scratch.fits(num_decodes, self.num_heads, num_splits, self.head_dim):
             old = self._scratch.part_out.shape if self._scratch is not None else (0, 0, 0, 0)
-            self._scratch = SplitScratch.allocate(max(num_decodes, old[0]), self.num_heads, max(num_splits, old[2]),
-                                                  self.head_dim, device)
+            self._scratch = SplitScratch.allocate(
+                max(num_decodes, old[0]), self.num_heads, max(num_splits, old[2]), self.head_dim, device
+            )
         return TritonMetadata(common, num_splits, self._scratch, tiles)
 
     def forward(self, layer: AttentionLayer, q, k, v, kv_cache, metadata: TritonMetadata | BatchMetadata):
@@ -89,16 +91,30 @@ class TritonAttentionBackend(AttentionBackend):
         num_decodes = md.num_decode_only
         if num_decodes:
             decode_attention(
-                q[:num_decodes], kv_cache, md.block_tables, md.seq_lens, out,
-                scale=layer.scale, num_splits=metadata.num_splits, tiles=self.decode_tiles,
-                sliding_window=layer.sliding_window, scratch=metadata.scratch,
+                q[:num_decodes],
+                kv_cache,
+                md.block_tables,
+                md.seq_lens,
+                out,
+                scale=layer.scale,
+                num_splits=metadata.num_splits,
+                tiles=self.decode_tiles,
+                sliding_window=layer.sliding_window,
+                scratch=metadata.scratch,
             )
         if md.num_reqs > num_decodes:
             prefill_attention(
-                q, kv_cache, md.block_tables, md.seq_lens, md.query_start_loc, out,
-                scale=layer.scale, first_req=num_decodes, num_reqs=md.num_reqs - num_decodes,
-                max_query_len=md.max_query_len, tiles=metadata.prefill_tiles, sliding_window=layer.sliding_window,
+                q,
+                kv_cache,
+                md.block_tables,
+                md.seq_lens,
+                md.query_start_loc,
+                out,
+                scale=layer.scale,
+                first_req=num_decodes,
+                num_reqs=md.num_reqs - num_decodes,
+                max_query_len=md.max_query_len,
+                tiles=metadata.prefill_tiles,
+                sliding_window=layer.sliding_window,
             )
         return out
-
-

@@ -22,16 +22,39 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def _decode_kernel(
-    q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
-    scale_log2, sliding_window, num_splits,
-    stride_q_t, stride_q_h,
-    stride_cache_kv, stride_cache_block, stride_cache_tok, stride_cache_h,
+    q_ptr,
+    cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    scale_log2,
+    sliding_window,
+    num_splits,
+    stride_q_t,
+    stride_q_h,
+    stride_cache_kv,
+    stride_cache_block,
+    stride_cache_tok,
+    stride_cache_h,
     stride_bt_req,
-    stride_out_t, stride_out_h,
-    stride_po_req, stride_po_h, stride_po_split,
-    stride_pl_req, stride_pl_h,
-    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, IS_SPLIT: tl.constexpr, USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    stride_out_t,
+    stride_out_h,
+    stride_po_req,
+    stride_po_h,
+    stride_po_split,
+    stride_pl_req,
+    stride_pl_h,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    IS_SPLIT: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -50,8 +73,11 @@ def _decode_kernel(
     heads = kv_head * GROUP + groups
     group_mask = groups < GROUP
     dims = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_ptr + req.to(tl.int64) * stride_q_t + heads[:, None] * stride_q_h + dims[None, :],
-                mask=group_mask[:, None], other=0.0)
+    q = tl.load(
+        q_ptr + req.to(tl.int64) * stride_q_t + heads[:, None] * stride_q_h + dims[None, :],
+        mask=group_mask[:, None],
+        other=0.0,
+    )
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -103,22 +129,36 @@ def _decode_kernel(
 
 @triton.jit
 def _merge_splits_kernel(
-    part_out_ptr, part_lse_ptr, out_ptr, num_splits,
-    stride_po_req, stride_po_h, stride_po_split, stride_pl_req, stride_pl_h, stride_out_t, stride_out_h,
-    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    num_splits,
+    stride_po_req,
+    stride_po_h,
+    stride_po_split,
+    stride_pl_req,
+    stride_pl_h,
+    stride_out_t,
+    stride_out_h,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):
     """One program per (request, query head): weights each split by exp2(lse - max lse)."""
     req = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     splits = tl.arange(0, BLOCK_S)
     split_mask = splits < num_splits
-    lse = tl.load(part_lse_ptr + req * stride_pl_req + head * stride_pl_h + splits, mask=split_mask,
-                  other=float("-inf"))
+    lse = tl.load(
+        part_lse_ptr + req * stride_pl_req + head * stride_pl_h + splits, mask=split_mask, other=float("-inf")
+    )
     weight = tl.exp2(lse - tl.max(lse, 0))
     weight = weight / tl.sum(weight, 0)
     dims = tl.arange(0, HEAD_DIM)
-    parts = tl.load(part_out_ptr + req * stride_po_req + head * stride_po_h + splits[:, None] * stride_po_split
-                    + dims[None, :], mask=split_mask[:, None], other=0.0)
+    parts = tl.load(
+        part_out_ptr + req * stride_po_req + head * stride_po_h + splits[:, None] * stride_po_split + dims[None, :],
+        mask=split_mask[:, None],
+        other=0.0,
+    )
     out = tl.sum(parts * weight[:, None], 0)
     tl.store(out_ptr + req * stride_out_t + head * stride_out_h + dims, out.to(out_ptr.dtype.element_ty))
 
@@ -132,8 +172,10 @@ class SplitScratch:
 
     @classmethod
     def allocate(cls, num_seqs: int, num_heads: int, num_splits: int, head_dim: int, device) -> SplitScratch:
-        return cls(torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=device),
-                   torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=device))
+        return cls(
+            torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=device),
+            torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=device),
+        )
 
     def fits(self, num_seqs: int, num_heads: int, num_splits: int, head_dim: int) -> bool:
         s, h, n, d = self.part_out.shape
@@ -167,27 +209,60 @@ def decode_attention(
     is_split = num_splits > 1
     if is_split:
         if scratch is None or not scratch.fits(num_seqs, num_heads, num_splits, head_dim):
-            raise ValueError(f"split-K decode with {num_splits} splits needs scratch for "
-                             f"[{num_seqs}, {num_heads}, {num_splits}, {head_dim}]")
+            raise ValueError(
+                f"split-K decode with {num_splits} splits needs scratch for "
+                f"[{num_seqs}, {num_heads}, {num_splits}, {head_dim}]"
+            )
         part_out, part_lse = scratch.part_out, scratch.part_lse
     else:
         part_out, part_lse = out, out  # unused by the kernel when not split
     po_strides = part_out.stride()[:3] if is_split else (0, 0, 0)
     pl_strides = part_lse.stride()[:2] if is_split else (0, 0)
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, kv_cache, block_tables, seq_lens, out, part_out, part_lse,
-        scale * LOG2E, sliding_window or 0, num_splits,
-        q.stride(0), q.stride(1),
-        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+        q,
+        kv_cache,
+        block_tables,
+        seq_lens,
+        out,
+        part_out,
+        part_lse,
+        scale * LOG2E,
+        sliding_window or 0,
+        num_splits,
+        q.stride(0),
+        q.stride(1),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        kv_cache.stride(2),
+        kv_cache.stride(3),
         block_tables.stride(0),
-        out.stride(0), out.stride(1),
-        *po_strides, *pl_strides,
-        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_N=tiles.block_n,
-        PAGE_SIZE=page_size, IS_SPLIT=is_split, USE_WINDOW=sliding_window is not None,
-        DOT_PRECISION=dot_precision(q.dtype), UPCAST=is_interpreted(), num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        out.stride(0),
+        out.stride(1),
+        *po_strides,
+        *pl_strides,
+        GROUP=group,
+        BLOCK_G=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        BLOCK_N=tiles.block_n,
+        PAGE_SIZE=page_size,
+        IS_SPLIT=is_split,
+        USE_WINDOW=sliding_window is not None,
+        DOT_PRECISION=dot_precision(q.dtype),
+        UPCAST=is_interpreted(),
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
     )
     if is_split:
         _merge_splits_kernel[(num_seqs, num_heads)](
-            part_out, part_lse, out, num_splits, *po_strides, *pl_strides, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits), num_warps=4 if head_dim >= 128 else 2,
+            part_out,
+            part_lse,
+            out,
+            num_splits,
+            *po_strides,
+            *pl_strides,
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=head_dim,
+            BLOCK_S=triton.next_power_of_2(num_splits),
+            num_warps=4 if head_dim >= 128 else 2,
         )

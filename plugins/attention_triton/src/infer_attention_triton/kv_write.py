@@ -12,11 +12,21 @@ import triton.language as tl
 
 @triton.jit
 def _write_kv_kernel(
-    key_ptr, value_ptr, cache_ptr, slot_mapping_ptr,
-    stride_key_t, stride_key_h, stride_value_t, stride_value_h,
-    stride_cache_kv, stride_cache_slot, stride_cache_h,
-    num_kv_heads, head_dim,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    key_ptr,
+    value_ptr,
+    cache_ptr,
+    slot_mapping_ptr,
+    stride_key_t,
+    stride_key_h,
+    stride_value_t,
+    stride_value_h,
+    stride_cache_kv,
+    stride_cache_slot,
+    stride_cache_h,
+    num_kv_heads,
+    head_dim,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     """One program per token: copies its [num_kv_heads, head_dim] K and V rows to their slot."""
     token = tl.program_id(0)
@@ -43,11 +53,14 @@ def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slo
     """
     num_tokens, num_kv_heads, head_dim = key.shape
     if kv_cache.dim() != 5 or kv_cache.shape[0] != 2 or tuple(kv_cache.shape[3:]) != (num_kv_heads, head_dim):
-        raise ValueError(f"kv_cache {tuple(kv_cache.shape)} is not [2, num_blocks, block_size, "
-                         f"{num_kv_heads}, {head_dim}] for key {tuple(key.shape)}")
+        raise ValueError(
+            f"kv_cache {tuple(kv_cache.shape)} is not [2, num_blocks, block_size, "
+            f"{num_kv_heads}, {head_dim}] for key {tuple(key.shape)}"
+        )
     if value.shape != key.shape or slot_mapping.shape[0] < num_tokens:
-        raise ValueError(f"value {tuple(value.shape)} / slot_mapping {tuple(slot_mapping.shape)} do not match "
-                         f"key {tuple(key.shape)}")
+        raise ValueError(
+            f"value {tuple(value.shape)} / slot_mapping {tuple(slot_mapping.shape)} do not match key {tuple(key.shape)}"
+        )
     if key.stride(2) != 1 or value.stride(2) != 1:
         raise ValueError("key and value need a contiguous last (head_dim) dimension")
     if kv_cache.stride(4) != 1 or kv_cache.stride(1) != kv_cache.shape[2] * kv_cache.stride(2):
@@ -55,10 +68,20 @@ def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slo
     if num_tokens == 0:
         return
     _write_kv_kernel[(num_tokens,)](
-        key, value, kv_cache, slot_mapping,
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        kv_cache.stride(0), kv_cache.stride(2), kv_cache.stride(3),
-        num_kv_heads, head_dim,
-        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        key,
+        value,
+        kv_cache,
+        slot_mapping,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        kv_cache.stride(0),
+        kv_cache.stride(2),
+        kv_cache.stride(3),
+        num_kv_heads,
+        head_dim,
+        BLOCK_H=triton.next_power_of_2(num_kv_heads),
+        BLOCK_D=triton.next_power_of_2(head_dim),
         num_warps=4 if num_kv_heads * head_dim >= 1024 else 1,
     )

@@ -20,10 +20,27 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def _attend(
-    q, m_i, l_i, acc, k_base, stride_cache_kv, stride_cache_block, stride_cache_tok, block_table,
-    lo, hi, q_pos, scale_log2, sliding_window,
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    CAUSAL_MASK: tl.constexpr, USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    q,
+    m_i,
+    l_i,
+    acc,
+    k_base,
+    stride_cache_kv,
+    stride_cache_block,
+    stride_cache_tok,
+    block_table,
+    lo,
+    hi,
+    q_pos,
+    scale_log2,
+    sliding_window,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    CAUSAL_MASK: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     """Online softmax of the query tile over keys [lo, hi); returns the running (m, l, acc)."""
     dims = tl.arange(0, HEAD_DIM)
@@ -36,8 +53,7 @@ def _attend(
         rows = page * stride_cache_block + (keys % PAGE_SIZE) * stride_cache_tok
         if CAUSAL_MASK:
             k = tl.load(k_base + rows[:, None] + dims[None, :], mask=(keys < hi)[:, None], other=0.0)
-            v = tl.load(k_base + stride_cache_kv + rows[:, None] + dims[None, :], mask=(keys < hi)[:, None],
-                        other=0.0)
+            v = tl.load(k_base + stride_cache_kv + rows[:, None] + dims[None, :], mask=(keys < hi)[:, None], other=0.0)
         else:
             k = tl.load(k_base + rows[:, None] + dims[None, :])
             v = tl.load(k_base + stride_cache_kv + rows[:, None] + dims[None, :])
@@ -68,14 +84,33 @@ def _attend(
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
-    scale_log2, sliding_window, first_req, num_m_tiles,
-    stride_q_t, stride_q_h,
-    stride_cache_kv, stride_cache_block, stride_cache_tok, stride_cache_h,
+    q_ptr,
+    cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    out_ptr,
+    scale_log2,
+    sliding_window,
+    first_req,
+    num_m_tiles,
+    stride_q_t,
+    stride_q_h,
+    stride_cache_kv,
+    stride_cache_block,
+    stride_cache_tok,
+    stride_cache_h,
     stride_bt_req,
-    stride_out_t, stride_out_h,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    stride_out_t,
+    stride_out_h,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     tile_m = num_m_tiles - 1 - tl.program_id(0)  # the longest (most keys) tiles start first
     head = tl.program_id(1)
@@ -92,8 +127,9 @@ def _prefill_kernel(
     q_pos = context_len + offs_m
     dims = tl.arange(0, HEAD_DIM)
     tokens = (q_start + offs_m).to(tl.int64)
-    q = tl.load(q_ptr + tokens[:, None] * stride_q_t + head * stride_q_h + dims[None, :], mask=row_mask[:, None],
-                other=0.0)
+    q = tl.load(
+        q_ptr + tokens[:, None] * stride_q_t + head * stride_q_h + dims[None, :], mask=row_mask[:, None], other=0.0
+    )
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -107,14 +143,50 @@ def _prefill_kernel(
     if USE_WINDOW:
         lo = tl.maximum(first_pos - sliding_window + 1, 0) // BLOCK_N * BLOCK_N
     m_i, l_i, acc = _attend(
-        q, m_i, l_i, acc, k_base, stride_cache_kv, stride_cache_block, stride_cache_tok, block_table,
-        lo, diagonal, q_pos, scale_log2, sliding_window,
-        HEAD_DIM, BLOCK_N, PAGE_SIZE, False, USE_WINDOW, DOT_PRECISION, UPCAST,
+        q,
+        m_i,
+        l_i,
+        acc,
+        k_base,
+        stride_cache_kv,
+        stride_cache_block,
+        stride_cache_tok,
+        block_table,
+        lo,
+        diagonal,
+        q_pos,
+        scale_log2,
+        sliding_window,
+        HEAD_DIM,
+        BLOCK_N,
+        PAGE_SIZE,
+        False,
+        USE_WINDOW,
+        DOT_PRECISION,
+        UPCAST,
     )
     m_i, l_i, acc = _attend(
-        q, m_i, l_i, acc, k_base, stride_cache_kv, stride_cache_block, stride_cache_tok, block_table,
-        tl.maximum(diagonal, lo), end, q_pos, scale_log2, sliding_window,
-        HEAD_DIM, BLOCK_N, PAGE_SIZE, True, USE_WINDOW, DOT_PRECISION, UPCAST,
+        q,
+        m_i,
+        l_i,
+        acc,
+        k_base,
+        stride_cache_kv,
+        stride_cache_block,
+        stride_cache_tok,
+        block_table,
+        tl.maximum(diagonal, lo),
+        end,
+        q_pos,
+        scale_log2,
+        sliding_window,
+        HEAD_DIM,
+        BLOCK_N,
+        PAGE_SIZE,
+        True,
+        USE_WINDOW,
+        DOT_PRECISION,
+        UPCAST,
     )
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     out = out_ptr + tokens[:, None] * stride_out_t + head * stride_out_h + dims[None, :]
@@ -148,13 +220,33 @@ def prefill_attention(
     num_kv_heads, page_size = kv_cache.shape[3], kv_cache.shape[2]
     num_m_tiles = triton.cdiv(max_query_len, tiles.block_m)
     _prefill_kernel[(num_m_tiles, num_heads, num_reqs)](
-        q, kv_cache, block_tables, seq_lens, query_start_loc, out,
-        scale * LOG2E, sliding_window or 0, first_req, num_m_tiles,
-        q.stride(0), q.stride(1),
-        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+        q,
+        kv_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        out,
+        scale * LOG2E,
+        sliding_window or 0,
+        first_req,
+        num_m_tiles,
+        q.stride(0),
+        q.stride(1),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        kv_cache.stride(2),
+        kv_cache.stride(3),
         block_tables.stride(0),
-        out.stride(0), out.stride(1),
-        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-        PAGE_SIZE=page_size, USE_WINDOW=sliding_window is not None, DOT_PRECISION=dot_precision(q.dtype), UPCAST=is_interpreted(),
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        out.stride(0),
+        out.stride(1),
+        GROUP=num_heads // num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        PAGE_SIZE=page_size,
+        USE_WINDOW=sliding_window is not None,
+        DOT_PRECISION=dot_precision(q.dtype),
+        UPCAST=is_interpreted(),
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
     )

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
 from infer_core.interfaces import BatchMetadata
 
 
@@ -26,8 +25,16 @@ class PagedBatch:
 
 
 def make_paged_batch(
-    context_lens: list[int], query_lens: list[int], *, num_heads: int, num_kv_heads: int, head_dim: int,
-    block_size: int, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", seed: int = 0,
+    context_lens: list[int],
+    query_lens: list[int],
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
     spare_blocks: int = 3,
 ) -> PagedBatch:
     """Requests must come decode-only first (query length 1), as the runner orders them."""
@@ -41,7 +48,7 @@ def make_paged_batch(
     block_tables = torch.zeros(len(seq_lens), width, dtype=torch.int32)
     used = 0
     for i, n in enumerate(blocks_per_req):
-        block_tables[i, :n] = torch.tensor(order[used:used + n], dtype=torch.int32)
+        block_tables[i, :n] = torch.tensor(order[used : used + n], dtype=torch.int32)
         used += n
 
     def randn(*shape):
@@ -65,16 +72,27 @@ def make_paged_batch(
     if any(q == 1 for q in query_lens[num_decode_only:]):
         raise ValueError("put decode-only requests (query length 1) first")
     metadata = BatchMetadata(
-        num_reqs=len(seq_lens), num_tokens=num_tokens, num_decode_only=num_decode_only,
-        max_query_len=max(query_lens), max_seq_len=max(seq_lens), block_size=block_size,
-        query_start_loc=query_start_loc.to(device), seq_lens=seq_lens_t.to(device),
-        block_tables=block_tables.to(device), slot_mapping=torch.cat(slots).to(torch.int32).to(device),
-        query_start_loc_cpu=query_start_loc, seq_lens_cpu=seq_lens_t,
+        num_reqs=len(seq_lens),
+        num_tokens=num_tokens,
+        num_decode_only=num_decode_only,
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        block_size=block_size,
+        query_start_loc=query_start_loc.to(device),
+        seq_lens=seq_lens_t.to(device),
+        block_tables=block_tables.to(device),
+        slot_mapping=torch.cat(slots).to(torch.int32).to(device),
+        query_start_loc_cpu=query_start_loc,
+        seq_lens_cpu=seq_lens_t,
     )
     return PagedBatch(
-        q=randn(num_tokens, num_heads, head_dim), k=randn(num_tokens, num_kv_heads, head_dim),
-        v=randn(num_tokens, num_kv_heads, head_dim), kv_cache=kv_cache, metadata=metadata,
-        context_lens=list(context_lens), query_lens=list(query_lens),
+        q=randn(num_tokens, num_heads, head_dim),
+        k=randn(num_tokens, num_kv_heads, head_dim),
+        v=randn(num_tokens, num_kv_heads, head_dim),
+        kv_cache=kv_cache,
+        metadata=metadata,
+        context_lens=list(context_lens),
+        query_lens=list(query_lens),
     )
 
 
@@ -86,8 +104,9 @@ def write_new_tokens(batch: PagedBatch) -> None:
     batch.kv_cache[1].view(-1, num_kv_heads, head_dim)[slots] = batch.v
 
 
-def reference_attention(batch: PagedBatch, scale: float, sliding_window: int | None = None,
-                        dtype: torch.dtype = torch.float64) -> torch.Tensor:
+def reference_attention(
+    batch: PagedBatch, scale: float, sliding_window: int | None = None, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
     """Causal attention of every new token over its request's cache, computed in ``dtype`` (float64)."""
     md = batch.metadata
     kv = batch.kv_cache.to(dtype)
@@ -102,14 +121,14 @@ def reference_attention(batch: PagedBatch, scale: float, sliding_window: int | N
         rows = md.block_tables[i, positions // block_size].long() * block_size + positions % block_size
         k = kv[0].reshape(-1, num_kv_heads, head_dim)[rows].repeat_interleave(group, 1)  # [S, H, D]
         v = kv[1].reshape(-1, num_kv_heads, head_dim)[rows].repeat_interleave(group, 1)
-        q = batch.q[starts[i]:starts[i + 1]].to(dtype)  # [n, H, D]
+        q = batch.q[starts[i] : starts[i + 1]].to(dtype)  # [n, H, D]
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale
         query_pos = torch.arange(c, seq_len, device=kv.device)[:, None]
         visible = positions[None, :] <= query_pos
         if sliding_window is not None:
             visible &= positions[None, :] > query_pos - sliding_window
         scores = scores.masked_fill(~visible, float("-inf"))
-        out[starts[i]:starts[i + 1]] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+        out[starts[i] : starts[i + 1]] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
     return out
 
 
