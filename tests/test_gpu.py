@@ -71,7 +71,7 @@ def test_real_sized_model_sizes_kv_by_profiling(tmp_path, caplog):
     llm = LLM(str(tmp_path), load_format="dummy", max_model_len=8192)
     assert llm.engine.config.dtype == "bfloat16"
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("KV cache:"))
-    assert f"{llm.engine.num_kv_blocks} blocks of 16 tokens" in line
+    assert f"{llm.engine.num_kv_blocks} blocks of {llm.engine.config.block_size} tokens" in line
     free, total = torch.cuda.mem_get_info()
     kv_bytes = sum(t.numel() * t.element_size() for t in llm.engine.executor.worker.runner.kv_caches)
     # The pool takes what gpu_memory_utilization (0.9) leaves after weights and the profiled peak,
