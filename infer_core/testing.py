@@ -32,6 +32,32 @@ TINY_ARCHITECTURES: dict[str, dict[str, Any]] = {
 }
 
 
+# Published shapes of real models (values from their config.json), for dummy-weight runs on a GPU.
+_QWEN3_COMMON: dict[str, Any] = dict(
+    architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=151936, head_dim=128,
+    max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000, torch_dtype="bfloat16",
+    bos_token_id=151643, eos_token_id=151645, hidden_act="silu", attention_bias=False,
+)
+REAL_CONFIGS: dict[str, dict[str, Any]] = {
+    "Qwen3-0.6B": dict(_QWEN3_COMMON, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True),
+    "Qwen3-8B": dict(_QWEN3_COMMON, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
+}
+
+
+def write_config_checkpoint(name: str, folder: str | Path, **overrides: Any) -> Path:
+    """A folder holding only the config.json of a real model (``REAL_CONFIGS``), for ``load_format="dummy"``."""
+    import json
+
+    if name not in REAL_CONFIGS:
+        raise ValueError(f"unknown model {name!r}; choose from {', '.join(REAL_CONFIGS)}")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({**REAL_CONFIGS[name], **overrides}, indent=2))
+    return folder
+
+
 def make_tiny_checkpoint(kind: str, folder: str | Path, seed: int = 0, **overrides: Any) -> Path:
     """Write a random ``kind`` model ("llama", "mistral", "qwen2", "qwen3") to ``folder``."""
     import torch

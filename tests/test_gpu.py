@@ -6,7 +6,6 @@ suite also runs its float32 checks on CUDA under the same marker.)
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 
@@ -14,18 +13,11 @@ import pytest
 import torch
 
 from infer_core import LLM, SamplingParams
-from infer_core.testing import LogitsRecorder
+from infer_core.testing import LogitsRecorder, write_config_checkpoint
 
 pytestmark = pytest.mark.gpu
 
 # The published shape of Qwen3-0.6B (values from its config.json).
-QWEN3_0_6B = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024,
-    "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
-    "head_dim": 128, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
-    "tie_word_embeddings": True, "torch_dtype": "bfloat16", "bos_token_id": 151643, "eos_token_id": 151645,
-    "hidden_act": "silu", "attention_bias": False,
-}
 
 
 def test_default_model_on_cuda_matches_hf():
@@ -66,7 +58,7 @@ def test_bfloat16_logits_close_to_float32_reference(tiny_checkpoint, tiny_kind):
 
 
 def test_real_sized_model_sizes_kv_by_profiling(tmp_path, caplog):
-    (tmp_path / "config.json").write_text(json.dumps(QWEN3_0_6B))
+    write_config_checkpoint("Qwen3-0.6B", tmp_path)
     caplog.set_level(logging.INFO)
     llm = LLM(str(tmp_path), load_format="dummy", max_model_len=8192)
     assert llm.engine.config.dtype == "bfloat16"

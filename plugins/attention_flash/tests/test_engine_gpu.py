@@ -6,7 +6,6 @@ offline-throughput workload of DESIGN §8 run to completion. Needs CUDA and flas
 
 from __future__ import annotations
 
-import json
 import random
 import time
 
@@ -16,36 +15,16 @@ from infer_core import LLM, SamplingParams
 from infer_core.interfaces import CachedRequestData, NewRequestData, SchedulerOutput
 from infer_core.runner.inputs import build_step_inputs
 from infer_core.runner.state import apply_scheduler_output
+from infer_core.testing import REAL_CONFIGS, write_config_checkpoint
 
 pytestmark = pytest.mark.gpu
 
-# The published shape of Qwen3-0.6B (values from its config.json).
-QWEN3_0_6B = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "vocab_size": 151936,
-    "hidden_size": 1024,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "max_position_embeddings": 40960,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000,
-    "tie_word_embeddings": True,
-    "torch_dtype": "bfloat16",
-    "bos_token_id": 151643,
-    "eos_token_id": 151645,
-    "hidden_act": "silu",
-    "attention_bias": False,
-}
 
 
 @pytest.fixture(scope="module")
 def qwen3_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("qwen3-0.6b")
-    (folder / "config.json").write_text(json.dumps(QWEN3_0_6B))
+    write_config_checkpoint("Qwen3-0.6B", folder)
     return folder
 
 
@@ -128,7 +107,7 @@ def test_teacher_forced_logits_match_torch_backend(qwen3_folder):
         del llm
         torch.cuda.empty_cache()
     expected, got = results["torch"], results["flash"]
-    assert got.shape == expected.shape == (64, QWEN3_0_6B["vocab_size"])
+    assert got.shape == expected.shape == (64, REAL_CONFIGS["Qwen3-0.6B"]["vocab_size"])
     errors = ((got - expected).norm(dim=-1) / expected.norm(dim=-1)).tolist()
     print(f"relative error per position: max {max(errors):.2e}, mean {sum(errors) / len(errors):.2e}")
     assert max(errors) < 2e-2, [f"{x:.2e}" for x in errors]

@@ -7,7 +7,6 @@ Run with ``python -m pytest -q -m gpu plugins/attention_triton/tests``.
 from __future__ import annotations
 
 import importlib.util
-import json
 import random
 
 import pytest
@@ -16,6 +15,7 @@ from infer_core import LLM, SamplingParams
 from infer_core.interfaces import AttentionLayer, CachedRequestData, NewRequestData, SchedulerOutput
 from infer_core.runner.inputs import build_step_inputs
 from infer_core.runner.state import apply_scheduler_output
+from infer_core.testing import write_config_checkpoint
 
 from infer_attention_triton.backend import TritonAttentionBackend
 from infer_attention_triton.decode import SplitScratch, decode_attention
@@ -264,26 +264,6 @@ def test_decode_step_replays_in_a_cuda_graph():
 
 # --- the engine on a Qwen3-0.6B-shaped model -------------------------------------------------------
 
-QWEN3_0_6B = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "vocab_size": 151936,
-    "hidden_size": 1024,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "max_position_embeddings": 40960,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000,
-    "tie_word_embeddings": True,
-    "torch_dtype": "bfloat16",
-    "bos_token_id": 151643,
-    "eos_token_id": 151645,
-    "hidden_act": "silu",
-    "attention_bias": False,
-}
 
 
 class TeacherForcedRun:
@@ -380,7 +360,7 @@ def engine_logits(folder, attention: str, block_size: int) -> torch.Tensor:
 
 
 def test_engine_teacher_forced_logits_match_torch_and_flash(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps(QWEN3_0_6B))
+    write_config_checkpoint("Qwen3-0.6B", tmp_path)
     expected = engine_logits(tmp_path, "torch", 16)
     peers = {"torch": expected}
     if importlib.util.find_spec("flash_attn") is not None and importlib.util.find_spec("infer_attention_flash"):
@@ -394,7 +374,7 @@ def test_engine_teacher_forced_logits_match_torch_and_flash(tmp_path):
 
 def test_engine_generates_on_cuda_by_default(tmp_path):
     """INFER_ATTENTION unset: flash when installed, else triton; either way the engine runs."""
-    (tmp_path / "config.json").write_text(json.dumps(QWEN3_0_6B))
+    write_config_checkpoint("Qwen3-0.6B", tmp_path)
     llm = LLM(str(tmp_path), load_format="dummy", kv_cache_gb=1, max_model_len=2048, max_num_seqs=8)
     name = llm.engine.config.implementations["attention"]
     assert name == "triton" or (name == "flash" and importlib.util.find_spec("infer_attention_flash"))
