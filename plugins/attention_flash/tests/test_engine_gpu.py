@@ -20,7 +20,6 @@ from infer_core.testing import REAL_CONFIGS, write_config_checkpoint
 pytestmark = pytest.mark.gpu
 
 
-
 @pytest.fixture(scope="module")
 def qwen3_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("qwen3-0.6b")

@@ -265,7 +265,6 @@ def test_decode_step_replays_in_a_cuda_graph():
 # --- the engine on a Qwen3-0.6B-shaped model -------------------------------------------------------
 
 
-
 class TeacherForcedRun:
     """Drives one engine's runner step by step with chosen tokens and collects logits at chosen rows."""
 
