@@ -6,6 +6,7 @@ import pytest
 
 from infer_core.testing_server import ServerProcess
 
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
     """The default model behind ``infer serve`` with default settings, shared by the session."""

@@ -29,7 +29,7 @@ def http(server):
 
 
 def test_malformed_json_is_400(http):
-    err = _error(http.post("/v1/chat/completions", content=b'{"model": "x", "messages": [', 
+    err = _error(http.post("/v1/chat/completions", content=b'{"model": "x", "messages": [',
                            headers={"content-type": "application/json"}), 400)
     assert "JSON" in err["message"]
     _error(http.post("/v1/completions", content=b"[1, 2]", headers={"content-type": "application/json"}), 400)
@@ -94,8 +94,9 @@ def test_detokenize_out_of_range_is_400(http):
     _error(http.post("/tokenize", json={}), 400)
 
 
-_JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=False, allow_infinity=False)
-                     | st.text(max_size=20), lambda inner: st.lists(inner, max_size=4)
+_SCALARS = (st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=False, allow_infinity=False)
+            | st.text(max_size=20))
+_JSON = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=4)
                      | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=8)
 _FIELDS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
            "min_p", "n", "stop", "stop_token_ids", "seed", "presence_penalty", "frequency_penalty",

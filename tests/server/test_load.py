@@ -73,8 +73,9 @@ def _long_body(prompt: str, stream: bool) -> dict:
 
 def test_streaming_disconnect_frees_blocks_within_a_second(server):
     idle = server.metrics()[USAGE]
+    body = _long_body("Count to a thousand:", True)
     with httpx.Client(timeout=60) as http:
-        with http.stream("POST", f"{server.base_url}/v1/completions", json=_long_body("Count to a thousand:", True)) as r:
+        with http.stream("POST", f"{server.base_url}/v1/completions", json=body) as r:
             lines = r.iter_lines()
             for _ in range(6):  # a few chunks arrived: the request holds KV blocks
                 next(line for line in lines if line.startswith("data:"))
