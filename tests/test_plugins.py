@@ -103,6 +103,7 @@ def test_infer_plugins_lists_it(plugin_path, tiny_checkpoint):
 
 
 def test_unknown_name_lists_installed_and_suggests(plugin_path, tiny_checkpoint, monkeypatch):
+    monkeypatch.setenv("INFER_PLUGINS", "counting-plugin")  # the list is exact: leave out other installed plugins
     monkeypatch.setenv("INFER_ATTENTION", "countign")
     with pytest.raises(PluginError) as error:
         LLM(str(tiny_checkpoint("llama")))
@@ -113,7 +114,8 @@ def test_unknown_name_lists_installed_and_suggests(plugin_path, tiny_checkpoint,
     )
 
 
-def test_implementation_that_cannot_run_gives_reasons(plugin_path, tiny_checkpoint):
+def test_implementation_that_cannot_run_gives_reasons(plugin_path, tiny_checkpoint, monkeypatch):
+    monkeypatch.setenv("INFER_PLUGINS", "counting-plugin")  # the list is exact: leave out other installed plugins
     with pytest.raises(PluginError) as error:
         LLM(str(tiny_checkpoint("llama")), attention="gpu-only")
     assert str(error.value) == (

@@ -154,6 +154,9 @@ class AsyncEngine:
         try:
             self._commands.put(command)
             await asyncio.wrap_future(command.done)
+        except asyncio.CancelledError:
+            self.abort(request_id)  # the engine thread may have taken it in already
+            raise
         finally:
             self._num_pending_adds -= 1
         return command.stream
@@ -171,19 +174,29 @@ class AsyncEngine:
             return f"the engine stopped after an error and must be restarted: {self.error}"
         return "the engine is stopped"
 
-    async def drain(self, timeout: float) -> int:
-        """Refuse new requests, wait up to ``timeout`` s for running ones, abort the rest; how many."""
+    async def drain(self, timeout: float, abort_wait: float = 10.0) -> int:
+        """Refuse new requests, wait up to ``timeout`` s for running ones, abort the rest; how many were aborted.
+
+        After aborting, waits at most ``abort_wait`` s for the aborted streams' final outputs (a
+        step in flight must end first); a request still being added is aborted as it arrives.
+        """
         if self.state is EngineState.READY:
             self.state = EngineState.DRAINING
         deadline = time.monotonic() + timeout
         while self.num_unfinished and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        remaining = list(self._streams.copy())  # the engine thread may change the dict meanwhile
-        for request_id in remaining:
-            self.abort(request_id)
+        aborted: set[str] = set()
+        deadline = time.monotonic() + abort_wait
         while self.num_unfinished and self._thread is not None and self._thread.is_alive():
+            for request_id in set(self._streams.copy()) - aborted:  # the engine thread may change the dict
+                self.abort(request_id)
+                aborted.add(request_id)
+            if time.monotonic() > deadline:
+                logger.warning("%d requests did not end within %.0f s of being aborted", self.num_unfinished,
+                               abort_wait)
+                break
             await asyncio.sleep(0.01)  # let the aborted streams get their final output
-        return len(remaining)
+        return len(aborted)
 
     # the engine thread ------------------------------------------------------------------------
 
@@ -242,6 +255,8 @@ class AsyncEngine:
             if output is not None:
                 self._dispatch([output])
             return
+        if not command.done.set_running_or_notify_cancel():
+            return  # its HTTP request was cancelled while queued here
         try:
             engine.add_request(command.request_id, command.prompt, command.params,
                                add_special_tokens=command.add_special_tokens)

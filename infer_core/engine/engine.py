@@ -125,6 +125,8 @@ class Engine:
         """Tokenize and queue a request (n completions); RequestError if it can never be served."""
         self._check_alive()
         params = params or SamplingParams()
+        if params.top_k >= self.config.model.vocab_size:
+            params = replace(params, top_k=0)  # keeping the whole vocabulary is no top-k at all (and fits int64)
         request_id = request_id if request_id is not None else str(next(self._ids))
         children = [(request_id if params.n == 1 else f"{i}_{request_id}", params if params.n == 1 else params.for_child(i))
                     for i in range(params.n)]

@@ -13,6 +13,8 @@ from typing import Any
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
+from infer_core.errors import EngineDeadError
+
 logger = logging.getLogger(__name__)
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -61,10 +63,14 @@ def _http_exception_handler(_: Request, exc: HTTPException) -> Response:
     return error_response(OpenAIError(status, message, headers=getattr(exc, "headers", None) or None))
 
 
+def _engine_dead_handler(_: Request, exc: EngineDeadError) -> Response:
+    return error_response(OpenAIError(503, str(exc), headers={"Retry-After": "5"}))
+
+
 def _internal_error_handler(request: Request, exc: Exception) -> Response:
     logger.exception("unhandled error serving %s %s", request.method, request.url.path)
     return error_response(OpenAIError(500, f"internal server error ({type(exc).__name__}); see the server log"))
 
 
 EXCEPTION_HANDLERS = {OpenAIError: _openai_error_handler, HTTPException: _http_exception_handler,
-                      Exception: _internal_error_handler}
+                      EngineDeadError: _engine_dead_handler, Exception: _internal_error_handler}

@@ -33,7 +33,8 @@ class Submitted:
     final: RequestOutput | None = None
 
 
-def completion_budget(state: ServerState, num_prompt_tokens: int, requested: int | None, param: str) -> int:
+def completion_budget(state: ServerState, num_prompt_tokens: int, requested: int | None, param: str,
+                      prompt_param: str) -> int:
     """max_tokens for a prompt; 400 context_length_exceeded when prompt + completion exceed the context."""
     limit = state.max_model_len
     completion = requested if requested is not None else max(1, limit - num_prompt_tokens)
@@ -43,7 +44,7 @@ def completion_budget(state: ServerState, num_prompt_tokens: int, requested: int
         raise OpenAIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
                                f"{num_prompt_tokens + completion} tokens ({num_prompt_tokens} in the messages, "
                                f"{completion} in the completion). Please reduce the length of the messages or "
-                               f"completion.", param="messages", code="context_length_exceeded")
+                               f"completion.", param=prompt_param, code="context_length_exceeded")
     return completion
 
 
@@ -58,7 +59,6 @@ async def submit(state: ServerState, request_id: str, prompts: list[PromptInput]
                  params_for: Callable[[PromptInput], SamplingParams]) -> list[Submitted]:
     """Queue every prompt; on any failure, abort those already queued and raise the HTTP error."""
     state.require_ready()
-    state.check_queue()
     try:
         params = [params_for(p) for p in prompts]
     except ValueError as e:

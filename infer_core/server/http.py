@@ -33,7 +33,7 @@ async def parse_body(request: Request, model: type[Body]) -> Body:
     """The JSON body validated as ``model``; 400 naming the field, 413 when too large."""
     raw = await request.body()  # Litestar enforces request_max_body_size (413)
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError) as e:
         raise bad_request(f"the body is not valid JSON: {e}") from None
     if not isinstance(data, dict):
@@ -46,6 +46,10 @@ async def parse_body(request: Request, model: type[Body]) -> Body:
 
 # pydantic names the union member it tried in ``loc`` ("str", "list[int]", "function-after[...]"): not fields
 _UNION_TAG = re.compile(r"^(str|int|float|bool|none|list|dict|json-or-python|constrained-\w+|.*\[.*\])$")
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def validation_error(error: ValidationError) -> OpenAIError:

@@ -12,7 +12,7 @@ from infer_core.plugins_report import collect_status
 from infer_core.server.errors import OpenAIError, bad_request
 from infer_core.server.http import parse_body
 from infer_core.server.schemas import DetokenizeRequest, TokenizeRequest
-from infer_core.server.state import ServerState
+from infer_core.server.state import ServerState, render_chat
 
 
 def _state(request: Request) -> ServerState:
@@ -80,18 +80,16 @@ async def tokenize(request: Request) -> dict:
     if (body.prompt is None) == (body.messages is None):
         raise bad_request("send exactly one of prompt and messages", param="prompt")
     if body.prompt is not None:
-        ids = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        special = body.add_special_tokens is not False
+        ids = await state.tokenize(lambda: tokenizer.encode(body.prompt, add_special_tokens=special))
     else:
-        if not tokenizer.chat_template:
-            raise bad_request("this model has no chat template; start the server with --chat-template",
-                              param="messages")
-        try:
-            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-            text = tokenizer.apply_chat_template(messages, tokenize=False,
-                                                 add_generation_prompt=body.add_generation_prompt)
-        except Exception as e:
-            raise bad_request(f"the chat template could not format these messages: {e}", param="messages") from None
-        ids = tokenizer.encode(text, add_special_tokens=False)
+        add_generation_prompt = body.add_generation_prompt is not False
+
+        def render_and_encode() -> list[int]:
+            text = render_chat(state, body.messages, add_generation_prompt)
+            return tokenizer.encode(text, add_special_tokens=False)
+
+        ids = await state.tokenize(render_and_encode)
     return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
 
 
@@ -105,4 +103,4 @@ async def detokenize(request: Request) -> dict:
     bad = [t for t in body.tokens if not 0 <= t < vocab]
     if bad:
         raise bad_request(f"tokens must be in [0, {vocab}); got {bad[:5]}", param="tokens")
-    return {"prompt": tokenizer.decode(body.tokens)}
+    return {"prompt": await state.tokenize(tokenizer.decode, body.tokens)}

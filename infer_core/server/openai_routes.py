@@ -16,8 +16,9 @@ from infer_core.server.generation import PromptInput, Submitted, collect, comple
 from infer_core.server.http import DISCONNECTED, parse_body, unless_disconnected
 from infer_core.server.responses import DONE, chat_logprobs, completion_logprobs, sse, usage
 from infer_core.server.schemas import ChatCompletionRequest, CompletionRequest
-from infer_core.server.state import ServerState
+from infer_core.server.state import ServerState, render_chat
 
+MAX_N = 128  # completions per prompt, as OpenAI's limit
 CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, the log does
 
 
@@ -53,48 +54,44 @@ async def _sse_events(state: ServerState, submitted: list[Submitted], chunks, in
     yield DONE
 
 
+def _check_common(state: ServerState, body: ChatCompletionRequest | CompletionRequest, num_prompts: int) -> None:
+    """Checks chat and completions share, before any tokenizing: model, readiness, n, queue room."""
+    state.check_model(body.model)
+    state.require_ready()
+    if body.stream_options is not None and not body.is_stream:
+        raise bad_request("stream_options is only allowed with stream=true", param="stream_options")
+    if not 1 <= body.num_choices <= MAX_N:
+        raise bad_request(f"n must be an integer in [1, {MAX_N}], got {body.num_choices}", param="n")
+    state.check_queue(num_prompts * body.num_choices)
+
+
 # chat ------------------------------------------------------------------------------------------
 
 def _chat_prompt(state: ServerState, body: ChatCompletionRequest) -> PromptInput:
-    tokenizer = state.tokenizer
-    if tokenizer is None or not tokenizer.chat_template:
-        raise bad_request("this model has no chat template, so /v1/chat/completions cannot format messages; "
-                          "start the server with --chat-template (a Jinja template or file), or use /v1/completions",
-                          param="messages")
-    try:
-        messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
-                    for m in body.messages]
-    except ValueError as e:
-        raise bad_request(str(e), param="messages") from None
-    try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=body.add_generation_prompt,
-                                             **(body.chat_template_kwargs or {}))
-    except Exception as e:
-        raise bad_request(f"the chat template could not format these messages: {e}", param="messages") from None
-    return PromptInput(text, tokenizer.encode(text, add_special_tokens=False))
+    """Render and tokenize the conversation (runs on the tokenizer thread)."""
+    text = render_chat(state, body.messages, body.add_generation_prompt is not False, body.template_kwargs())
+    return PromptInput(text, state.tokenizer.encode(text, add_special_tokens=False))
 
 
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request) -> Response | Stream:
     state = _state(request)
     body = await parse_body(request, ChatCompletionRequest)
-    state.check_model(body.model)
-    state.require_ready()
-    if body.stream_options is not None and not body.stream:
-        raise bad_request("stream_options is only allowed with stream=true", param="stream_options")
+    _check_common(state, body, num_prompts=1)
     try:
         num_logprobs = body.num_logprobs()
     except ValueError as e:
         raise bad_request(str(e), param="top_logprobs") from None
-    prompt = _chat_prompt(state, body)
+    prompt = await state.tokenize(_chat_prompt, state, body)
     max_tokens = completion_budget(state, len(prompt.token_ids), body.requested_max_tokens(),
-                                   "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens")
+                                   "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
+                                   prompt_param="messages")
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     submitted = await submit(state, request_id, [prompt],
                              lambda p: body.sampling_params(state.defaults, max_tokens, num_logprobs))
     base = {"id": request_id, "created": int(time.time()), "model": state.model_name}
     top = num_logprobs or 0
-    if body.stream:
+    if body.is_stream:
         base["object"] = "chat.completion.chunk"
         return _stream_response(_chat_events(state, submitted, body, base, top))
     done = await unless_disconnected(request, collect(state, submitted))
@@ -112,8 +109,9 @@ def _chat_events(state: ServerState, submitted: list[Submitted], body: ChatCompl
 
     def chunks(_: Submitted, output: RequestOutput):
         for c in output.outputs:
-            if not (c.delta_text or c.delta_token_ids or c.finished) and c.index in started:
-                continue
+            has_logprobs = bool(c.delta_token_ids) and c.logprobs is not None
+            if not (c.delta_text or has_logprobs or c.finished) and c.index in started:
+                continue  # tokens whose text is held back (part of a character or of a stop string)
             delta: dict[str, Any] = {}
             if c.index not in started:
                 started.add(c.index)
@@ -129,11 +127,8 @@ def _chat_events(state: ServerState, submitted: list[Submitted], body: ChatCompl
 
 # completions -----------------------------------------------------------------------------------
 
-def _completion_prompts(state: ServerState, body: CompletionRequest) -> list[PromptInput]:
-    try:
-        raw = body.prompts()
-    except ValueError as e:
-        raise bad_request(str(e), param="prompt") from None
+def _completion_prompts(state: ServerState, raw: list[str | list[int]]) -> list[PromptInput]:
+    """Tokenize the prompts given as text (runs on the tokenizer thread)."""
     tokenizer = state.tokenizer
     prompts = []
     for p in raw:
@@ -158,22 +153,24 @@ def _echo_text(state: ServerState, prompt: PromptInput) -> str:
 async def completions(request: Request) -> Response | Stream:
     state = _state(request)
     body = await parse_body(request, CompletionRequest)
-    state.check_model(body.model)
-    state.require_ready()
-    if body.stream_options is not None and not body.stream:
-        raise bad_request("stream_options is only allowed with stream=true", param="stream_options")
+    try:
+        raw = body.prompts()
+    except ValueError as e:
+        raise bad_request(str(e), param="prompt") from None
+    _check_common(state, body, num_prompts=len(raw))
     if body.echo and body.logprobs is not None:
         raise bad_request("echo together with logprobs is not supported (prompt logprobs are not computed)",
                           param="echo")
-    prompts = _completion_prompts(state, body)
-    budgets = {id(p): completion_budget(state, len(p.token_ids), body.max_tokens, "max_tokens") for p in prompts}
+    prompts = await state.tokenize(_completion_prompts, state, raw)
+    budgets = {id(p): completion_budget(state, len(p.token_ids), body.max_tokens, "max_tokens", prompt_param="prompt")
+               for p in prompts}
     request_id = f"cmpl-{uuid.uuid4().hex}"
     submitted = await submit(state, request_id, prompts,
                              lambda p: body.sampling_params(state.defaults, budgets[id(p)], body.logprobs))
     base = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": state.model_name}
-    n = body.n
+    n = body.num_choices
     top = body.logprobs or 0
-    if body.stream:
+    if body.is_stream:
         return _stream_response(_completion_events(state, submitted, body, base, top))
     done = await unless_disconnected(request, collect(state, submitted))
     if done is DISCONNECTED:
@@ -194,13 +191,14 @@ def _completion_events(state: ServerState, submitted: list[Submitted], body: Com
 
     def chunks(item: Submitted, output: RequestOutput):
         for c in output.outputs:
-            index = item.index * body.n + c.index
+            index = item.index * body.num_choices + c.index
             text = c.delta_text
             if body.echo and index not in echoed:
                 echoed.add(index)
                 text = _echo_text(state, item.prompt) + text
-            if not (text or c.delta_token_ids or c.finished):
-                continue
+            has_logprobs = bool(c.delta_token_ids) and c.logprobs is not None
+            if not (text or has_logprobs or c.finished):
+                continue  # tokens whose text is held back (part of a character or of a stop string)
             logprobs = None
             if c.delta_token_ids and c.logprobs is not None:
                 logprobs = completion_logprobs(c, top, offsets.get(index, 0), delta_only=True)

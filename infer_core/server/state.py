@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import logging
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +17,7 @@ from infer_core.engine.async_engine import AsyncEngine, EngineState
 from infer_core.engine.engine import Engine
 from infer_core.loader import assemble
 from infer_core.models.source import DEFAULT_MODEL_NAME
-from infer_core.server.errors import OpenAIError
+from infer_core.server.errors import OpenAIError, bad_request
 from infer_core.server.metrics import ServerMetrics
 from infer_core.settings import EngineSettings
 
@@ -52,10 +55,18 @@ class ServerState:
     max_model_len: int = 0
     defaults: dict[str, Any] = field(default_factory=dict)
     spec: Any = None  # the assembled EngineSpec, for /v1/plugins
+    # one thread for tokenizing and chat templates: a 16 MiB prompt must not stall the event loop,
+    # and one tokenizer instance is not safe to use from several threads at once
+    tokenizer_thread: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="infer-tokenizer"))
 
     def __post_init__(self) -> None:
         self.metrics = ServerMetrics(self.model_name, lambda: self.engine.snapshot)
         self.engine = AsyncEngine(self._build_engine, self.metrics.observe)
+
+    async def tokenize(self, work: Callable[..., Any], *args: Any) -> Any:
+        """Run ``work(*args)`` (tokenizer calls) on the tokenizer thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.tokenizer_thread, work, *args)
 
     def _build_engine(self) -> Engine:
         """Runs on the engine thread: assemble, load, then publish what the handlers need."""
@@ -82,10 +93,31 @@ class ServerState:
             raise OpenAIError(404, f"The model `{requested}` does not exist. This server serves `{self.model_name}`.",
                               param="model", code="model_not_found")
 
-    def check_queue(self) -> None:
-        """503 with Retry-After when more than max_queued_requests wait."""
-        waiting = self.engine.snapshot.num_waiting + self.engine.num_pending_adds
+    def check_queue(self, incoming: int) -> None:
+        """503 with Retry-After when ``incoming`` more sequences would put over max_queued_requests waiting."""
         limit = self.settings.max_queued_requests
-        if waiting >= limit:
+        if incoming > limit:
+            raise bad_request(f"this request asks for {incoming} completions (prompts x n), more than the server "
+                              f"queues (max_queued_requests={limit}); send fewer prompts or a smaller n", param="n")
+        waiting = self.engine.snapshot.num_waiting + self.engine.num_pending_adds
+        if waiting + incoming > limit:
             raise OpenAIError(503, f"the server has {waiting} requests waiting (max_queued_requests={limit}); "
                                    f"retry later", headers={"Retry-After": "1"})
+
+
+def render_chat(state: ServerState, messages: list[Any], add_generation_prompt: bool,
+                template_kwargs: dict[str, Any] | None = None) -> str:
+    """The conversation as prompt text through the model's (or --chat-template's) template; 400s say why not."""
+    tokenizer = state.tokenizer
+    if tokenizer is None or not tokenizer.chat_template:
+        raise bad_request("this model has no chat template, so chat messages cannot be formatted; start the server "
+                          "with --chat-template (a Jinja template or file), or use /v1/completions", param="messages")
+    try:
+        conversation = [m.for_template() for m in messages]
+    except ValueError as e:
+        raise bad_request(str(e), param="messages") from None
+    try:
+        return tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                             **(template_kwargs or {}))
+    except Exception as e:  # noqa: BLE001 - a template's own error is the client's to see
+        raise bad_request(f"the chat template could not format these messages: {e}", param="messages") from None

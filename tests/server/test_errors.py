@@ -89,13 +89,70 @@ def test_unknown_route_and_method_get_the_envelope(http):
     _error(http.get("/v1/chat/completions"), 405)
 
 
+@pytest.mark.parametrize("field", ["top_k", "seed", "min_tokens", "temperature", "presence_penalty", "top_p",
+                                   "stop_token_ids", "logprobs", "n", "max_tokens"])
+@pytest.mark.parametrize("value", [2**63, 2**64, 10**400])
+def test_huge_integers_are_refused_or_served_and_the_engine_lives(http, field, value):
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2, field: [value] if field == "stop_token_ids" else value}
+    r = http.post("/v1/completions", json=body)
+    assert r.status_code in (200, 400), r.text
+    if r.status_code == 400:
+        assert r.json()["error"]["param"] in (field, "prompt"), r.text
+    assert http.get("/health").status_code == 200
+    ok = http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2})
+    assert ok.status_code == 200, ok.text
+
+
+def test_non_standard_json_constants_are_400(http):
+    for constant in (b"NaN", b"Infinity", b"-Infinity"):
+        body = b'{"model": "%s", "prompt": "Hi", "temperature": %s}' % (MODEL.encode(), constant)
+        _error(http.post("/v1/completions", content=body, headers={"content-type": "application/json"}), 400)
+
+
+def test_null_means_the_default(http):
+    nulls = {k: None for k in ("n", "stream", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty",
+                               "ignore_eos", "min_tokens", "skip_special_tokens", "temperature", "top_p", "seed",
+                               "stop", "stream_options", "max_tokens", "add_generation_prompt")}
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": CHAT, **nulls})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"]) == 1
+    r = http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", **nulls, "max_tokens": 3, "echo": None})
+    assert r.status_code == 200, r.text
+
+
+def test_n_is_capped(http):
+    err = _error(http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "n": 100000, "max_tokens": 1}),
+                 400)
+    assert err["param"] == "n"
+
+
+def test_tool_and_function_messages_reach_the_template(http):
+    messages = [{"role": "user", "content": "What is 2+2?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "4"},
+                {"role": "function", "name": "add", "content": "4"}]
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+
+
+def test_a_client_cannot_swap_the_chat_template(http):
+    body = {"messages": CHAT, "add_generation_prompt": False,
+            "chat_template_kwargs": {"chat_template": "INJECTED {{ messages[0]['content'] }}"}}
+    without = http.post("/tokenize", json={"messages": CHAT, "add_generation_prompt": False}).json()
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 2, **body})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == without["count"]
+
+
 def test_detokenize_out_of_range_is_400(http):
     _error(http.post("/detokenize", json={"tokens": [-1]}), 400)
     _error(http.post("/tokenize", json={}), 400)
 
 
-_SCALARS = (st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=False, allow_infinity=False)
-            | st.text(max_size=20))
+_BIG = st.sampled_from([2**31, 2**63 - 1, 2**63, 2**64, -(2**63) - 1, 10**30, 10**400])
+_SCALARS = (st.none() | st.booleans() | st.integers(-2**40, 2**40) | _BIG
+            | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20))
 _JSON = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=4)
                      | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=8)
 _FIELDS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",

@@ -71,21 +71,46 @@ def test_oversized_body_is_413(strict_server):
     assert "--max-request-bytes" in r.json()["error"]["message"]
 
 
-async def _flood(base_url: str, count: int) -> list[httpx.Response]:
-    body = {"model": MODEL, "prompt": "Count slowly:", "max_tokens": 40, "ignore_eos": True, "temperature": 0}
-    async with httpx.AsyncClient(base_url=base_url, timeout=300, headers={"Authorization": f"Bearer {KEY}"}) as c:
-        first = asyncio.ensure_future(c.post("/v1/completions", json=body))
-        await asyncio.sleep(1.0)  # running (max_num_seqs=1)
-        second = asyncio.ensure_future(c.post("/v1/completions", json=body))
-        await asyncio.sleep(1.0)  # waiting: the queue is now full
-        rest = [await c.post("/v1/completions", json=body) for _ in range(count - 2)]
-        return [await first, await second, *rest]
+def _gauge(base_url: str, name: str) -> float:
+    for line in httpx.get(f"{base_url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(f"infer:{name}{{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"infer:{name} missing from /metrics")
+
+
+async def _fill_the_queue_then_ask(base_url: str) -> tuple[httpx.Response, list[str]]:
+    """One request running and one waiting (max_num_seqs=1, max_queued_requests=1), then a third."""
+    long_body = {"model": MODEL, "prompt": "Count slowly:", "max_tokens": 500, "ignore_eos": True, "stream": True}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with httpx.AsyncClient(base_url=base_url, timeout=300, headers=headers) as client:
+        async def hold(ready: asyncio.Event, done: asyncio.Event) -> None:
+            async with client.stream("POST", "/v1/completions", json=long_body) as r:
+                ready.set()
+                async for _ in r.aiter_lines():
+                    if done.is_set():
+                        return  # disconnect: the server aborts it
+
+        done = asyncio.Event()
+        holders = []
+        for gauge in ("num_requests_running", "num_requests_waiting"):
+            ready = asyncio.Event()
+            holders.append(asyncio.ensure_future(hold(ready, done)))
+            await ready.wait()
+            deadline = time.monotonic() + 60
+            while _gauge(base_url, gauge) < 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        states = [f"running={_gauge(base_url, 'num_requests_running')}",
+                  f"waiting={_gauge(base_url, 'num_requests_waiting')}"]
+        refused = await client.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2})
+        done.set()
+        await asyncio.gather(*holders)
+    return refused, states
 
 
 def test_a_full_queue_answers_503_with_retry_after(strict_server):
-    responses = asyncio.run(_flood(strict_server.base_url, 3))
-    assert [r.status_code for r in responses] == [200, 200, 503], [r.text for r in responses]
-    refused = responses[2]
+    refused, states = asyncio.run(_fill_the_queue_then_ask(strict_server.base_url))
+    assert states == ["running=1.0", "waiting=1.0"]
+    assert refused.status_code == 503, refused.text
     assert refused.headers["retry-after"] and "max_queued_requests" in refused.json()["error"]["message"]
 
 
