@@ -13,7 +13,14 @@ so each has the GPUs to itself):
   ``randint(100, 1024)``; ``ignore_eos``; temperature 0.6; one warm-up request before the clock):
   output tokens per second. ``--num-prompts N`` runs the first N of the same 256 to save time.
 
-    python -m benchmarks.tp [--out DIR] [--num-prompts 256] [--repeats 3]
+- bfloat16 noise (``--fp32-reference``): the same logits at TP=1 in float32, so the TP=2 vs
+  TP=1 gap can be set against TP=1's own bfloat16 error (``tp1_bf16_vs_fp32``,
+  ``tp2_bf16_vs_fp32``); a correct split leaves TP=2 no further from float32 than TP=1;
+- where the host time goes (``--profile-steps N``): N batch-1 decode steps of each size under
+  ``torch.profiler`` (CPU and CUDA), the table of the ops with the most self CPU time printed
+  to the log.
+
+    python -m benchmarks.tp [--out DIR] [--num-prompts 256] [--repeats 3] [--fp32-reference] [--profile-steps 8]
     python -m benchmarks.tp --tiny --out /tmp/tp-dry-run   # a small model on the CPU: checks the script
 
 Writes ``benchmarks/results/tp-<device>-<date>.json`` (or under ``--out``); exits 1 when the
@@ -156,6 +163,28 @@ def measure_throughput(llm, num_prompts: int, max_len: int) -> dict:
     }
 
 
+def profile_decode(llm, vocab: int, steps: int) -> None:
+    """``steps`` batch-1 decode steps under torch.profiler; prints the top ops by self CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from infer_core import SamplingParams
+
+    engine = llm.engine
+    rng = random.Random(3)
+    engine.add_request("profile", [rng.randrange(vocab) for _ in range(128)],
+                       SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True))
+    engine.step()  # the prefill, outside the profile
+    engine.step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            engine.step()
+    while engine.has_unfinished_requests():
+        engine.step()
+    print(f"--- profile of {steps} decode steps, rank 0 (self CPU time) ---", flush=True)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30), flush=True)
+
+
 def run_one(args: argparse.Namespace) -> None:
     """Child process: build the engine for ``args.child`` ranks, measure, write JSON + logits."""
     from infer_core import LLM
@@ -171,7 +200,7 @@ def run_one(args: argparse.Namespace) -> None:
     if args.tiny:
         settings.update(device="cpu", dtype="float32", kv_cache_gb=1.0)
     else:
-        settings.update(dtype="bfloat16", gpu_memory_utilization=args.gpu_memory_utilization)
+        settings.update(dtype=args.dtype, gpu_memory_utilization=args.gpu_memory_utilization)
     started = time.perf_counter()
     llm = LLM(str(scratch / "model"), **settings)
     load_s = time.perf_counter() - started
@@ -186,7 +215,14 @@ def run_one(args: argparse.Namespace) -> None:
     }
     print(f"[tp={args.child}] engine up in {load_s:.1f} s", flush=True)
     logits = measure_logits(llm, vocab, args.max_len)
+    if args.logits_only:  # the float32 reference
+        torch.save(torch.stack([x[:vocab] for x in logits]), scratch / "logits-fp32.pt")
+        (scratch / "row-fp32.json").write_text(json.dumps(row))
+        llm.shutdown()
+        return
     torch.save(torch.stack([x[:vocab] for x in logits]), scratch / f"logits-tp{args.child}.pt")
+    if args.profile_steps:
+        profile_decode(llm, vocab, args.profile_steps)
     row.update(measure_decode(llm, vocab, args.prompt_len, args.new_tokens, args.repeats))
     print(f"[tp={args.child}] decode {row['decode_ms_per_token']} ms/token", flush=True)
     row_file = scratch / f"row-tp{args.child}.json"
@@ -198,9 +234,11 @@ def run_one(args: argparse.Namespace) -> None:
     llm.shutdown()
 
 
-def run_size(size: int, scratch: str, argv: list[str], timeout: float) -> dict:
+def run_size(size: int, scratch: str, argv: list[str], timeout: float, fp32: bool = False) -> dict:
     """One tensor-parallel size in a child process (and its workers), ended after ``timeout`` s."""
     command = [sys.executable, "-m", "benchmarks.tp", "--child", str(size), "--scratch", scratch, *argv]
+    if fp32:
+        command += ["--dtype", "float32", "--logits-only"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFER_")}
     child = subprocess.Popen(command, env=env, start_new_session=True)
     try:
@@ -210,7 +248,7 @@ def run_size(size: int, scratch: str, argv: list[str], timeout: float) -> dict:
         os.killpg(child.pid, signal.SIGKILL)
         child.wait()
         note = f"cut off after --timeout {timeout:.0f} s"
-    row_file = Path(scratch) / f"row-tp{size}.json"
+    row_file = Path(scratch) / ("row-fp32.json" if fp32 else f"row-tp{size}.json")
     if not row_file.is_file():
         raise RuntimeError(f"TP={size}: the run {note} before its first figures")
     row = json.loads(row_file.read_text())
@@ -257,7 +295,15 @@ def main(argv: list[str] | None = None) -> int:
         default=210,
         help="seconds each tensor-parallel size may take; a cut-off run keeps its earlier figures",
     )
+    parser.add_argument(
+        "--fp32-reference",
+        action="store_true",
+        help="also TP=1 in float32 (logits only): both sizes' bfloat16 error against it",
+    )
+    parser.add_argument("--profile-steps", type=int, default=0, help="profile N decode steps of each size (torch.profiler)")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--dtype", default="bfloat16", help=argparse.SUPPRESS)
+    parser.add_argument("--logits-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--scratch", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--max-len", type=int, default=1024, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -280,8 +326,18 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(run_size(size, scratch, argv if argv is not None else sys.argv[1:], args.timeout))
         reference = torch.load(Path(scratch) / "logits-tp1.pt")
         candidate = torch.load(Path(scratch) / f"logits-tp{args.tp}.pt")
+        fp32 = None
+        if args.fp32_reference:
+            run_size(1, scratch, argv if argv is not None else sys.argv[1:], args.timeout, fp32=True)
+            fp32 = torch.load(Path(scratch) / "logits-fp32.pt").float()
     base, tp = rows
     tp.update(compare_logits(reference, candidate))
+    if fp32 is not None:
+        for row, logits in ((base, reference), (tp, candidate)):
+            noise = compare_logits(fp32, logits.float())
+            row["vs_fp32_max_rel_diff"] = noise["logits_max_rel_diff"]
+            row["vs_fp32_rel_diffs"] = noise["logits_rel_diffs"]
+            row["vs_fp32_top1_agreement"] = noise["logits_top1_agreement"]
     tp["decode_speedup_vs_tp1"] = round(base["decode_ms_per_token"] / tp["decode_ms_per_token"], 3)
     tp["decode_target_speedup"] = DECODE_TARGET
     if "output_tok_s" in base and "output_tok_s" in tp:
@@ -298,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
             "ignore_eos": True,
         },
         "logits_rtol": LOGITS_RTOL,
+        "fp32_reference": args.fp32_reference,
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
     }
@@ -305,6 +362,11 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(rows, indent=1))
     print(f"wrote {path}")
     verdict = "within" if tp["logits_within_tolerance"] else "NOT within"
+    if fp32 is not None:
+        print(
+            f"bfloat16 vs TP=1 float32: TP=1 max {base['vs_fp32_max_rel_diff']}, "
+            f"TP={args.tp} max {tp['vs_fp32_max_rel_diff']}"
+        )
     print(
         f"logits: TP={args.tp} {verdict} {LOGITS_RTOL} of TP=1 (max {tp['logits_max_rel_diff']}); "
         f"decode speed-up {tp['decode_speedup_vs_tp1']}x (target {DECODE_TARGET}x)"

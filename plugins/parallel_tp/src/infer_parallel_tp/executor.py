@@ -89,9 +89,12 @@ class TensorParallelExecutor(Executor):
 
     # liveness ---------------------------------------------------------------------------------
 
-    def _on_worker_death(self) -> None:
-        """From the watch thread: record the death; on NCCL abort the group so no collective waits on it."""
-        self._death = "; ".join(self.workers.failures()) or "a worker exited"
+    def _on_worker_death(self, lines: list[str]) -> None:
+        """From the watch thread: record the death; on NCCL abort the group so no collective waits on it.
+
+        ``lines`` name the ranks whose processes ended (rank, pid, exit code or signal).
+        """
+        self._death = "; ".join(lines or self.workers.failures())
         logger.error("tensor-parallel worker died: %s", self._death)
         if self.placement.is_cuda:
             abort = getattr(dist.distributed_c10d, "_abort_process_group", None)

@@ -6,6 +6,7 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -14,6 +15,18 @@ from infer_parallel_tp.group import RankPlacement
 from infer_parallel_tp.worker_main import spawn_entry
 
 logger = logging.getLogger(__name__)
+
+REAP_WAIT = 2.0  # seconds to wait for the exit status of a worker whose process handle closed
+
+
+def describe_exit(code: int) -> str:
+    """``exited with code -9 (SIGKILL)``: multiprocessing's exit code, with the signal's name."""
+    if code < 0:
+        try:
+            return f"exited with code {code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"exited with code {code} (signal {-code})"
+    return f"exited with code {code}"
 
 
 class SpawnedWorkers:
@@ -37,21 +50,39 @@ class SpawnedWorkers:
         return [p.pid for p in self.processes]
 
     def failures(self) -> list[str]:
-        """A line per worker that exited (while not being stopped)."""
-        return [
-            f"rank {rank} (pid {p.pid}) exited with code {p.exitcode}"
-            for rank, p in zip(self.ranks, self.processes)
-            if p.exitcode is not None
-        ]
+        """A line per worker that exited, naming its rank, pid and exit code (or signal).
 
-    def watch(self, on_death: Callable[[], None]) -> None:
-        """Call ``on_death`` from a daemon thread as soon as any worker exits unasked."""
+        Cheap enough for every step: one ``waitpid(WNOHANG)`` per worker.
+        """
+        return [self._describe(rank, p) for rank, p in zip(self.ranks, self.processes) if p.exitcode is not None]
+
+    def failures_of(self, sentinels: list[int]) -> list[str]:
+        """The lines of the workers whose process handles (``sentinel``) closed.
+
+        A closed handle comes a moment before the exit status can be read (the process is still
+        exiting), so this waits up to REAP_WAIT s for it; the line names the rank either way.
+        """
+        lines = []
+        for rank, process in zip(self.ranks, self.processes):
+            if process.sentinel in sentinels:
+                process.join(REAP_WAIT)
+                lines.append(self._describe(rank, process))
+        return lines
+
+    @staticmethod
+    def _describe(rank: int, process) -> str:
+        code = process.exitcode
+        how = "exited (exit status not known yet)" if code is None else describe_exit(code)
+        return f"rank {rank} (pid {process.pid}) {how}"
+
+    def watch(self, on_death: Callable[[list[str]], None]) -> None:
+        """Call ``on_death(lines)`` from a daemon thread as soon as any worker exits unasked."""
         sentinels = [p.sentinel for p in self.processes]
 
         def wait() -> None:
-            multiprocessing.connection.wait(sentinels)
+            ready = multiprocessing.connection.wait(sentinels)
             if not self._stopping:
-                on_death()
+                on_death(self.failures_of(ready))
 
         if sentinels:
             threading.Thread(target=wait, name="infer-tp-watch", daemon=True).start()
