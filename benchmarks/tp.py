@@ -45,27 +45,10 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import write_result
+from infer_core.testing import REAL_CONFIGS
 
-QWEN3_8B = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "vocab_size": 151936,
-    "hidden_size": 4096,
-    "intermediate_size": 12288,
-    "num_hidden_layers": 36,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "max_position_embeddings": 40960,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-    "bos_token_id": 151643,
-    "eos_token_id": 151645,
-    "hidden_act": "silu",
-    "attention_bias": False,
-}
+QWEN3_8B = REAL_CONFIGS["Qwen3-8B"]
+
 # --tiny: the same architecture, small enough for a CPU dry run of the whole script
 TINY = {
     **QWEN3_8B,

@@ -6,7 +6,6 @@ with fewer than two.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -19,34 +18,13 @@ import pytest
 import torch
 from infer_core import LLM, SamplingParams
 from infer_core.errors import EngineDeadError
-from infer_core.testing import LogitsRecorder
+from infer_core.testing import LogitsRecorder, write_config_checkpoint
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA devices"),
 ]
 
-# The published shape of Qwen3-0.6B, untied here so the LM head is its own vocabulary-parallel matrix.
-QWEN3_0_6B_UNTIED = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "vocab_size": 151936,
-    "hidden_size": 1024,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "max_position_embeddings": 40960,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-    "bos_token_id": 151643,
-    "eos_token_id": 151645,
-    "hidden_act": "silu",
-    "attention_bias": False,
-}
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
 
@@ -86,7 +64,8 @@ def test_two_gpus_match_one_in_float32(tiny_checkpoint, assert_no_workers_left, 
 
 
 def test_bfloat16_logits_of_a_real_shape_within_2e_2(tmp_path, assert_no_workers_left):
-    (tmp_path / "config.json").write_text(json.dumps(QWEN3_0_6B_UNTIED))
+    # Qwen3-0.6B untied, so the LM head is its own vocabulary-parallel matrix
+    write_config_checkpoint("Qwen3-0.6B", tmp_path, tie_word_embeddings=False)
     prompts = _prompts(151936, (16, 128, 500))
     _, ref_logits = _generate(tmp_path, prompts, 1, load_format="dummy")
     _, logits = _generate(tmp_path, prompts, 2, load_format="dummy")
