@@ -72,25 +72,32 @@ class ServerMetrics:
         self.inter_token_latency = histogram("inter_token_latency_seconds", "Time between a request's outputs.")
         self.e2e_request_latency = histogram("e2e_request_latency_seconds", "Arrival to finish.")
         self.request_queue_time = histogram("request_queue_time_seconds", "Arrival to first scheduled.")
-        self._last_token_time: dict[str, float] = {}
+        self._last_token_time: dict[tuple[str, int], float] = {}  # (request, completion index) -> time
+        self._first_token_seen: set[str] = set()
 
     def observe(self, outputs: list[RequestOutput], now: float) -> None:
         for output in outputs:
             metrics = output.metrics
             if metrics is None:
                 continue
-            has_tokens = any(c.delta_token_ids for c in output.outputs)
-            last = self._last_token_time.get(output.request_id)
-            if has_tokens:
-                if last is None and metrics.first_token_time is not None:
-                    self.time_to_first_token.observe(metrics.first_token_time - metrics.arrival_time)
-                    if metrics.first_scheduled_time is not None:
-                        self.request_queue_time.observe(max(0.0, metrics.first_scheduled_time - metrics.arrival_time))
-                elif last is not None:
+            rid = output.request_id
+            if rid not in self._first_token_seen and metrics.first_token_time is not None:
+                self._first_token_seen.add(rid)
+                self.time_to_first_token.observe(metrics.first_token_time - metrics.arrival_time)
+                if metrics.first_scheduled_time is not None:
+                    self.request_queue_time.observe(max(0.0, metrics.first_scheduled_time - metrics.arrival_time))
+            for completion in output.outputs:  # each of n completions is its own token stream
+                if not completion.delta_token_ids:
+                    continue
+                key = (rid, completion.index)
+                last = self._last_token_time.get(key)
+                if last is not None:
                     self.inter_token_latency.observe(now - last)
-                self._last_token_time[output.request_id] = now
+                self._last_token_time[key] = now
             if output.finished:
-                self._last_token_time.pop(output.request_id, None)
+                self._first_token_seen.discard(rid)
+                for completion in output.outputs:
+                    self._last_token_time.pop((rid, completion.index), None)
                 self.e2e_request_latency.observe(now - metrics.arrival_time)
 
     def render(self) -> bytes:
