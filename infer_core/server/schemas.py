@@ -145,6 +145,8 @@ class ChatCompletionRequest(_SamplingFields):
 
     def num_logprobs(self) -> int | None:
         """SamplingParams.logprobs: None, or how many alternatives besides the sampled token."""
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= 20:
+            raise ValueError(f"top_logprobs must be an integer in [0, 20], got {self.top_logprobs}")
         if not self.logprobs:
             if self.top_logprobs:
                 raise ValueError("top_logprobs needs logprobs=true")

@@ -42,6 +42,7 @@ def test_malformed_json_is_400(http):
     ({"messages": CHAT, "max_tokens": "many"}, "max_tokens"),
     ({"messages": CHAT, "max_tokens": 0}, "max_tokens"),
     ({"messages": CHAT, "top_logprobs": 3}, "top_logprobs"),
+    ({"messages": CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"messages": CHAT, "stream": "yes"}, "stream"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
     ({"messages": []}, "messages"),
