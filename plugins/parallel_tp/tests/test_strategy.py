@@ -92,7 +92,7 @@ COLLECTIVES = textwrap.dedent(
     got = comm.all_to_all(send, [r + 1 for r in range(world)], [rank + 1] * world)
     assert torch.equal(got, torch.cat([torch.full((r + 1, 2), float(r)) for r in range(world)]))
     dist.destroy_process_group()
-    os.write(1, f"OK {rank}\n".encode())  # one write: the ranks share the pipe, print() may interleave
+    os.write(1, f"OK {rank}\\n".encode())  # one write: the ranks share the pipe, print() may interleave
     """
 )
 
