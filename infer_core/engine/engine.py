@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from torch.profiler import record_function
+
 from infer_core.engine.output_processor import OutputProcessor
 from infer_core.errors import EngineDeadError, RequestError, SettingsError
 from infer_core.interfaces import Request, RequestStatus, SchedulerConfig, SchedulerStats
@@ -186,18 +188,21 @@ class Engine:
             raise
 
     def _step(self) -> list[RequestOutput]:
-        drafted = self._propose_drafts()
-        scheduler_output = self.scheduler.schedule()
-        for request in drafted:
-            request.spec_token_ids = []  # drafts are good for one step only
+        # The named ranges are what `infer bench --profile` splits a step's host time into.
+        with record_function("infer.schedule"):
+            drafted = self._propose_drafts()
+            scheduler_output = self.scheduler.schedule()
+            for request in drafted:
+                request.spec_token_ids = []  # drafts are good for one step only
         runner_output = self.executor.execute(scheduler_output)
         if scheduler_output.is_empty and self.scheduler.num_unfinished:
             raise RuntimeError("the scheduler made no progress with requests pending; this is a bug")
-        accepted = self.decoding.accept(scheduler_output, runner_output)
-        updates = self.scheduler.update(scheduler_output, runner_output, accepted)
-        outputs, stopped = self.outputs.process(updates)
-        if stopped:
-            self.scheduler.finish(stopped, RequestStatus.FINISHED_STOPPED)
+        with record_function("infer.process_outputs"):
+            accepted = self.decoding.accept(scheduler_output, runner_output)
+            updates = self.scheduler.update(scheduler_output, runner_output, accepted)
+            outputs, stopped = self.outputs.process(updates)
+            if stopped:
+                self.scheduler.finish(stopped, RequestStatus.FINISHED_STOPPED)
         self.counters.generation_tokens += sum(len(u.new_token_ids) for u in updates)
         self._count_finished(outputs)
         return outputs
