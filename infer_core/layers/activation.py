@@ -6,8 +6,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from infer_core.layers import fused
+
 
 class SiluAndMul(nn.Module):
+    """``silu(gate) * up`` over ``[..., 2I]``: a Triton kernel on CUDA, the torch code below elsewhere."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.impl = fused.SILU_AND_MUL
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fused.use_triton(self.impl, x):
+            from infer_core.layers.fused.silu_and_mul import silu_and_mul
+
+            return silu_and_mul(x)
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up

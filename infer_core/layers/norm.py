@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from infer_core.layers import fused
+
 
 class RMSNorm(nn.Module):
     """``x / rms(x) * weight`` computed in float32, as HF transformers does.
@@ -17,6 +19,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
+        self.impl = fused.RMS_NORM
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
@@ -24,6 +27,10 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if fused.use_triton(self.impl, x) and 1 <= x.dim() <= 3 and (residual is None or residual.dtype == x.dtype):
+            from infer_core.layers.fused.rms_norm import rms_norm
+
+            return rms_norm(x, self.weight, self.eps, residual)
         if residual is None:
             return self._norm(x)
         x = x + residual

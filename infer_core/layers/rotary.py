@@ -11,6 +11,7 @@ import math
 import torch
 from torch import nn
 
+from infer_core.layers import fused
 from infer_core.models.config import RopeConfig
 
 
@@ -89,6 +90,7 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
         cache = torch.cat([freqs.cos() * scale, freqs.sin() * scale], dim=-1)
         self.register_buffer("cos_sin_cache", cache, persistent=False)  # [max_position, rot_dim]
+        self.impl = fused.ROTARY
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         rot, rest = x[..., : self.rot_dim], x[..., self.rot_dim :]
@@ -97,7 +99,15 @@ class RotaryEmbedding(nn.Module):
         return out if rest.shape[-1] == 0 else torch.cat([out, rest], dim=-1)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q [T, Hq, D], k [T, Hk, D] rotated by the position of each of the T tokens."""
+        """q [T, Hq, D], k [T, Hk, D] rotated by the position of each of the T tokens.
+
+        On CUDA q and k are rotated in place (one Triton launch; views into the qkv buffer are
+        written where they lie) and returned; elsewhere new tensors are returned.
+        """
+        if fused.use_triton(self.impl, q) and q.dim() == 3 and k.dim() == 3 and q.dtype == k.dtype:
+            from infer_core.layers.fused.rotary import rotary_inplace
+
+            return rotary_inplace(positions, q, k, self.cos_sin_cache, self.rot_dim)
         cos_sin = self.cos_sin_cache.index_select(0, positions)
         cos, sin = cos_sin.to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)

@@ -1,0 +1,46 @@
+"""Triton kernels for the per-layer elementwise ops (RMSNorm, rotary, SiLU-and-mul).
+
+This package's ``__init__`` never imports triton: the layers ask :func:`use_triton` per call and
+import the kernel module only on a CUDA tensor, so the core runs where triton is not installed.
+Which implementation a layer uses on CUDA is one constant per op below; the CPU always runs the
+torch reference code of the layer.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+
+import torch
+
+
+class FusedImpl(enum.Enum):
+    TORCH = "torch"  # the layer's own torch code (eager), as on the CPU
+    TRITON = "triton"  # our kernels in this package, on CUDA tensors only
+
+
+# What each layer runs on CUDA; read when the layer is built (``layer.impl`` overrides one instance).
+RMS_NORM = FusedImpl.TRITON
+ROTARY = FusedImpl.TRITON
+SILU_AND_MUL = FusedImpl.TRITON
+
+OPS = ("rms_norm", "rotary", "silu_and_mul")
+
+
+@functools.cache
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def available() -> dict[str, bool]:
+    """Which Triton kernels can run in this process (all need triton; they run on CUDA tensors)."""
+    ok = triton_available() and torch.cuda.is_available()
+    return {op: ok for op in OPS}
+
+
+def use_triton(impl: FusedImpl, x: torch.Tensor) -> bool:
+    return impl is FusedImpl.TRITON and x.is_cuda and triton_available()

@@ -1,0 +1,138 @@
+"""RMSNorm, optionally fused with the residual add before it, in one pass over each row.
+
+Numerics are those of ``infer_core.layers.norm.RMSNorm`` (and HF): the sum ``x + residual`` is
+rounded to the input dtype, the mean of squares is taken in float32, the normalised row is
+rounded to the input dtype and only then multiplied by the weight. Rows may be the rows of a
+2-D ``[T, N]`` tensor or the heads of a 3-D ``[T, H, N]`` view (Qwen3's per-head q/k norm, where
+q and k are strided views into the fused qkv output); the outputs are new contiguous tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_SINGLE_PASS = 16384  # rows longer than this are normalised in two passes over column chunks
+ROW_ELEMENTS = 2048  # rows of a short N are packed into one program up to about this many elements
+
+
+@triton.jit
+def _load_row_chunk(x_ptr, res_ptr, x_offs, r_offs, mask, HAS_RESIDUAL: tl.constexpr):
+    """The float32 values of ``x`` (+ ``residual``, rounded to x's dtype like a torch add)."""
+    x = tl.load(x_ptr + x_offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + r_offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+    return x.to(tl.float32)
+
+
+@triton.jit(do_not_specialize=["num_rows"])
+def _rms_norm_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    res_out_ptr,
+    num_rows,
+    inner_rows,
+    n_cols,
+    stride_x_outer,
+    stride_x_inner,
+    stride_x_col,
+    stride_r_outer,
+    stride_r_inner,
+    stride_r_col,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    SINGLE_PASS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < num_rows
+    outer, inner = rows // inner_rows, rows % inner_rows
+    x_row = (outer * stride_x_outer + inner * stride_x_inner)[:, None]
+    r_row = (outer * stride_r_outer + inner * stride_r_inner)[:, None]
+    out_row = (rows * n_cols)[:, None]  # outputs are contiguous [num_rows, n_cols]
+    cols = tl.arange(0, BLOCK_N)
+    out_dtype = out_ptr.dtype.element_ty
+    x_dtype = x_ptr.dtype.element_ty
+
+    if SINGLE_PASS:
+        mask = row_ok[:, None] & (cols < n_cols)[None, :]
+        x = _load_row_chunk(x_ptr, res_ptr, x_row + cols[None, :] * stride_x_col,
+                            r_row + cols[None, :] * stride_r_col, mask, HAS_RESIDUAL)
+        if HAS_RESIDUAL:
+            tl.store(res_out_ptr + out_row + cols[None, :], x.to(x_dtype), mask=mask)
+        rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+        w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        y = (x * rstd[:, None]).to(x_dtype).to(tl.float32)
+        tl.store(out_ptr + out_row + cols[None, :], (w[None, :] * y).to(out_dtype), mask=mask)
+    else:
+        sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            c = start + cols
+            mask = row_ok[:, None] & (c < n_cols)[None, :]
+            x = _load_row_chunk(x_ptr, res_ptr, x_row + c[None, :] * stride_x_col,
+                                r_row + c[None, :] * stride_r_col, mask, HAS_RESIDUAL)
+            if HAS_RESIDUAL:
+                tl.store(res_out_ptr + out_row + c[None, :], x.to(x_dtype), mask=mask)
+            sum_sq += tl.sum(x * x, axis=1)
+        rstd = tl.math.rsqrt(sum_sq / n_cols + eps)
+        for start in range(0, n_cols, BLOCK_N):
+            c = start + cols
+            mask = row_ok[:, None] & (c < n_cols)[None, :]
+            # the sum is recomputed from the inputs rather than read back from res_out
+            x = _load_row_chunk(x_ptr, res_ptr, x_row + c[None, :] * stride_x_col,
+                                r_row + c[None, :] * stride_r_col, mask, HAS_RESIDUAL)
+            w = tl.load(w_ptr + c, mask=c < n_cols, other=0.0).to(tl.float32)
+            y = (x * rstd[:, None]).to(x_dtype).to(tl.float32)
+            tl.store(out_ptr + out_row + c[None, :], (w[None, :] * y).to(out_dtype), mask=mask)
+
+
+def _row_view(t: torch.Tensor) -> tuple[int, int, int, int, int]:
+    """(num_rows, inner_rows, outer stride, inner stride, column stride) of a 1-, 2- or 3-D tensor."""
+    if t.dim() == 3:
+        return t.shape[0] * t.shape[1], t.shape[1], t.stride(0), t.stride(1), t.stride(2)
+    if t.dim() == 2:
+        return t.shape[0], 1, t.stride(0), 0, t.stride(1)
+    if t.dim() == 1:
+        return 1, 1, 0, 0, t.stride(0)
+    raise ValueError(f"rms_norm takes a 1-, 2- or 3-D tensor, got shape {tuple(t.shape)}; reshape it first")
+
+
+def _tiles(n_cols: int, max_single_pass: int) -> tuple[int, int, bool, int]:
+    """(BLOCK_M, BLOCK_N, single pass, num_warps) for rows of ``n_cols`` elements."""
+    single = n_cols <= max_single_pass
+    block_n = triton.next_power_of_2(n_cols) if single else min(4096, triton.next_power_of_2(max_single_pass))
+    block_m = max(1, ROW_ELEMENTS // block_n) if single else 1
+    num_warps = max(1, min(16, block_m * block_n // 256))
+    return block_m, block_n, single, num_warps
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None, *,
+             max_single_pass: int = MAX_SINGLE_PASS):
+    """``norm(x)``, or ``(norm(x + residual), x + residual)`` with ``residual``; the last dim is normalised."""
+    n_cols = x.shape[-1]
+    if weight.shape != (n_cols,):
+        raise ValueError(f"weight of shape {tuple(weight.shape)} does not match the last dim {n_cols} of x")
+    num_rows, inner_rows, sxo, sxi, sxc = _row_view(x)
+    out = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    has_residual = residual is not None
+    if has_residual:
+        if residual.shape != x.shape or residual.dtype != x.dtype:
+            raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} must match x "
+                             f"{tuple(x.shape)} {x.dtype}")
+        _, _, sro, sri, src = _row_view(residual)
+        res_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    else:
+        sro, sri, src, residual, res_out = sxo, sxi, sxc, x, out  # unused by the kernel
+    if num_rows > 0 and n_cols > 0:
+        block_m, block_n, single, num_warps = _tiles(n_cols, max_single_pass)
+        _rms_norm_kernel[(triton.cdiv(num_rows, block_m),)](
+            x, residual, weight.contiguous(), out, res_out, num_rows, inner_rows, n_cols, sxo, sxi, sxc, sro, sri,
+            src, eps, HAS_RESIDUAL=has_residual, SINGLE_PASS=single, BLOCK_M=block_m, BLOCK_N=block_n,
+            num_warps=num_warps,
+        )
+    return (out, res_out) if has_residual else out
