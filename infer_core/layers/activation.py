@@ -21,5 +21,9 @@ class SiluAndMul(nn.Module):
             from infer_core.layers.fused.silu_and_mul import silu_and_mul
 
             return silu_and_mul(x)
+        return self.forward_torch(x)
+
+    def forward_torch(self, x: torch.Tensor) -> torch.Tensor:
+        """The reference: what the CPU runs, and what the kernel must reproduce."""
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up

@@ -31,6 +31,10 @@ class RMSNorm(nn.Module):
             from infer_core.layers.fused.rms_norm import rms_norm
 
             return rms_norm(x, self.weight, self.eps, residual)
+        return self.forward_torch(x, residual)
+
+    def forward_torch(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """The reference: what the CPU runs, and what the kernel must reproduce."""
         if residual is None:
             return self._norm(x)
         x = x + residual

@@ -108,6 +108,10 @@ class RotaryEmbedding(nn.Module):
             from infer_core.layers.fused.rotary import rotary_inplace
 
             return rotary_inplace(positions, q, k, self.cos_sin_cache, self.rot_dim)
+        return self.forward_torch(positions, q, k)
+
+    def forward_torch(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """The reference (new tensors): what the CPU runs, and what the kernel must reproduce."""
         cos_sin = self.cos_sin_cache.index_select(0, positions)
         cos, sin = cos_sin.to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)

@@ -43,10 +43,8 @@ def make_rotary(head_dim: int, device: str, *, partial: float = 1.0, rope_type: 
 
 
 def torch_reference(rotary: RotaryEmbedding, positions, q, k):
-    """The layer's torch code on copies (it returns new tensors)."""
-    cos_sin = rotary.cos_sin_cache.index_select(0, positions)
-    cos, sin = cos_sin.to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
-    return rotary._rotate(q.clone(), cos, sin), rotary._rotate(k.clone(), cos, sin)
+    """The layer's torch code (it returns new tensors)."""
+    return rotary.forward_torch(positions, q, k)
 
 
 def fused_qkv(num_tokens, heads, kv_heads, head_dim, dtype, device):
