@@ -1,20 +1,28 @@
 """From logits to token ids: penalties, temperature, top-k, top-p, min-p, seeded sampling.
 
-Sampling uses the exponential race (``argmax(p / q)`` with ``q ~ Exp(1)``), which draws from
-``p`` exactly. A seeded request draws its ``q`` from its own generator, reseeded from
-(seed, output position), so its tokens do not depend on what else is in the batch, nor on
-whether it was preempted and resumed.
+Sampling uses the exponential race (``argmax(p / q)`` with ``q ~ Exp(1)``, equivalently the
+Gumbel-max ``argmax(z - log q)``), which draws from ``p`` exactly. A seeded request's ``q`` is
+counter-based Philox noise keyed by (seed, output position, token id), so its tokens do not
+depend on what else is in the batch, nor on whether it was preempted and resumed.
+
+On CUDA (with triton) one fused kernel does temperature, the top-k/top-p cut, min-p, the noise
+and the argmax (``sampling/fused.py``); the torch functions here are the reference it is tested
+against and the path on the CPU. Nothing here reads a device value on the host.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 
+from infer_core.layers.sampling.philox import seed_key, seeded_exponential
+from infer_core.layers.sampling.thresholds import top_k_top_p_cut
 from infer_core.sampling_params import MIN_SAMPLING_TEMPERATURE
 
-_SEED_STRIDE = 1_000_003  # mixes a request's seed with the output position
+_MAX_RANDOM_KEY = 1 << 62  # unseeded rows draw a fresh Philox key per step from the batch's generator
 
 
 @dataclass(slots=True)
@@ -33,8 +41,13 @@ class SamplingBatch:
     seen_mask: torch.Tensor | None = None  # [R, V] bool, token in prompt or output
     banned: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, token ids) masked (min_tokens)
     generator: torch.Generator | None = None  # unseeded rows draw from it (the runner's, not torch's global)
-    seeds: list[int | None] | None = None  # per row; with ``positions`` selects a generator state
-    positions: list[int] | None = None  # per row: index of the output token being sampled
+    # Seeded rows: ``seeds`` [R] int64 Philox keys (``seed_key(seed)``) with ``is_seeded`` [R] bool and
+    # ``positions`` [R] int64 (index of the output token being sampled). Lists (None = unseeded)
+    # are accepted too, for batches built by hand, and moved to the device in ``sample``.
+    seeds: torch.Tensor | list[int | None] | None = None
+    positions: torch.Tensor | list[int] | None = None
+    is_seeded: torch.Tensor | None = None
+    max_top_k: int | None = None  # host copy of the largest top_k, when every top-p row has a top_k
     max_num_logprobs: int | None = None  # None: no row wants logprobs; 0: only the sampled token's
 
 
@@ -61,8 +74,11 @@ def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
-    """Mask everything outside each row's top-k, then outside its top-p nucleus."""
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    """Mask everything outside each row's top-k, then outside its top-p nucleus.
+
+    Ties are ranked by token id (a stable sort), so the kept set is defined even among equal logits.
+    """
+    sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
     vocab = logits.shape[-1]
     rank = torch.arange(vocab, device=logits.device).unsqueeze(0)
     if top_k is not None:
@@ -71,7 +87,8 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
     if top_p is not None:
         probs = sorted_logits.softmax(dim=-1)
         mass_before = probs.cumsum(dim=-1) - probs
-        outside = (mass_before > top_p.unsqueeze(1)) & (rank > 0)
+        # top_p = 1 is off: a cumulative sum that rounds past 1 must not cut the tail
+        outside = (mass_before > top_p.unsqueeze(1)) & (rank > 0) & (top_p < 1).unsqueeze(1)
         sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
@@ -82,20 +99,75 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
+def _seed_columns(batch: SamplingBatch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(keys int64, positions int64, is_seeded bool), each [R] on ``device``."""
+    if isinstance(batch.seeds, torch.Tensor):
+        return batch.seeds, batch.positions, batch.is_seeded
+    keys = [0 if seed is None else seed_key(seed) for seed in batch.seeds]
+    is_seeded = [seed is not None for seed in batch.seeds]
+    return (torch.tensor(keys, dtype=torch.int64, device=device),
+            torch.tensor(batch.positions, dtype=torch.int64, device=device),
+            torch.tensor(is_seeded, dtype=torch.bool, device=device))
+
+
 def _exponential_noise(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     q = torch.empty_like(probs).exponential_(generator=batch.generator)
-    if batch.seeds is not None:
-        generator = torch.Generator(device=probs.device)
-        for row, seed in enumerate(batch.seeds):
-            if seed is None:
-                continue
-            generator.manual_seed((seed * _SEED_STRIDE + batch.positions[row]) & 0x7FFF_FFFF_FFFF_FFFF)
-            q[row].exponential_(generator=generator)
-    return q
+    if batch.seeds is None:
+        return q
+    keys, positions, is_seeded = _seed_columns(batch, probs.device)
+    if probs.device.type == "cpu":  # only the seeded rows: Philox in torch is ~100 ops per token
+        rows = is_seeded.nonzero().squeeze(1)
+        q[rows] = seeded_exponential(keys[rows], positions[rows], probs.shape[1])
+        return q
+    return torch.where(is_seeded.unsqueeze(1), seeded_exponential(keys, positions, probs.shape[1]), q)
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
-    """Sample one token per row of ``logits`` [R, V] (float32)."""
+def _sample_reference(logits: torch.Tensor, batch: SamplingBatch, is_greedy: torch.Tensor) -> torch.Tensor:
+    """The torch path: scale, cut (sorting), renormalise, race against Exp(1) noise."""
+    temperature = torch.where(is_greedy, 1.0, batch.temperature).unsqueeze(1)
+    scaled = logits / temperature
+    if batch.top_k is not None or batch.top_p is not None:
+        scaled = apply_top_k_top_p(scaled, batch.top_k, batch.top_p)
+    if batch.min_p is not None:
+        scaled = apply_min_p(scaled, batch.min_p)
+    probs = scaled.softmax(dim=-1)
+    return (probs / _exponential_noise(probs, batch)).argmax(dim=-1)
+
+
+@functools.cache
+def _fused_kernels() -> ModuleType | None:
+    """The triton kernels module, or None where triton is not installed."""
+    try:
+        from infer_core.layers.sampling import fused
+    except ImportError:
+        return None
+    return fused
+
+
+def _noise_keys(batch: SamplingBatch, num_rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row Philox (key, position): the seed's for seeded rows, a fresh random key for the rest."""
+    keys = torch.randint(0, _MAX_RANDOM_KEY, (num_rows,), dtype=torch.int64, device=device,
+                         generator=batch.generator)
+    positions = torch.zeros(num_rows, dtype=torch.int64, device=device)
+    if batch.seeds is None:
+        return keys, positions
+    seeds, seed_positions, is_seeded = _seed_columns(batch, device)
+    return torch.where(is_seeded, seeds, keys), torch.where(is_seeded, seed_positions, positions)
+
+
+def _sample_fused(logits: torch.Tensor, batch: SamplingBatch, is_greedy: torch.Tensor, kernels) -> torch.Tensor:
+    threshold = num_ties = None
+    if batch.top_k is not None or batch.top_p is not None:
+        temperature = torch.where(is_greedy, 1.0, batch.temperature)
+        threshold, num_ties = top_k_top_p_cut(logits, temperature, batch.top_k, batch.top_p, batch.max_top_k)
+    keys, positions = _noise_keys(batch, logits.shape[0], logits.device)
+    min_p = None if batch.min_p is None else batch.min_p.float()
+    return kernels.fused_sample(logits.contiguous(), batch.temperature.float(), keys, positions, min_p,
+                                threshold, num_ties)
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch, use_fused: bool = True) -> SamplerOutput:
+    """Sample one token per row of ``logits`` [R, V]; ``use_fused=False`` forces the torch path."""
     logits = logits.float()
     out = SamplerOutput(token_ids=torch.empty(0))
     raw_logprobs = logits.log_softmax(dim=-1) if batch.max_num_logprobs is not None else None
@@ -103,20 +175,15 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         rows, cols = batch.banned
         logits = logits.index_put((rows, cols), torch.tensor(float("-inf"), device=logits.device))
     logits = apply_penalties(logits, batch)
-    greedy = logits.argmax(dim=-1)
+    kernels = _fused_kernels() if use_fused and logits.is_cuda else None
     if batch.all_greedy:
-        token_ids = greedy
+        token_ids = logits.argmax(dim=-1)
+    elif kernels is not None:
+        is_greedy = batch.temperature < MIN_SAMPLING_TEMPERATURE
+        token_ids = _sample_fused(logits, batch, is_greedy, kernels)
     else:
         is_greedy = batch.temperature < MIN_SAMPLING_TEMPERATURE
-        temperature = torch.where(is_greedy, 1.0, batch.temperature).unsqueeze(1)
-        scaled = logits / temperature
-        if batch.top_k is not None or batch.top_p is not None:
-            scaled = apply_top_k_top_p(scaled, batch.top_k, batch.top_p)
-        if batch.min_p is not None:
-            scaled = apply_min_p(scaled, batch.min_p)
-        probs = scaled.softmax(dim=-1)
-        sampled = (probs / _exponential_noise(probs, batch)).argmax(dim=-1)
-        token_ids = torch.where(is_greedy, greedy, sampled)
+        token_ids = torch.where(is_greedy, logits.argmax(dim=-1), _sample_reference(logits, batch, is_greedy))
     out.token_ids = token_ids
     if raw_logprobs is not None:
         out.logprob = raw_logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)

@@ -1,15 +1,18 @@
-"""Per-step sampling tensors from the sampled requests' parameters and token histories."""
+"""Per-step sampling tensors from the sampled requests' parameters and token histories.
+
+The per-row parameters travel in two host arrays (float32 and int64), one copy each; the token
+histories travel as one flat int64 array of ``row * vocab_size + token`` indices, from which the
+penalties' counts and seen-masks are built on the device (no [R, V] tensor on the host).
+"""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from infer_core.layers.sampler import SamplingBatch
+from infer_core.layers.sampling.philox import seed_key
 from infer_core.runner.state import RequestState
-
-
-def _column(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype, device=device)
 
 
 def _output_positions(states: list[RequestState]) -> list[int]:
@@ -23,37 +26,75 @@ def _output_positions(states: list[RequestState]) -> list[int]:
     return positions
 
 
+def _history(state: RequestState, token_table: np.ndarray | None) -> np.ndarray:
+    """The request's prompt + output ids as int64 (a view of the runner's table when it has one)."""
+    row = getattr(state, "row", -1)
+    if token_table is not None and row >= 0:
+        return token_table[row, : len(state.token_ids)].astype(np.int64)
+    return np.asarray(state.token_ids, dtype=np.int64)
+
+
+def _penalty_tensors(batch: SamplingBatch, states: list[RequestState], vocab_size: int, device: torch.device,
+                     token_table: np.ndarray | None) -> None:
+    """``output_counts`` and ``seen_mask`` [R, V], scattered on the device from one index copy."""
+    num_rows = len(states)
+    seen_parts, output_parts = [], []
+    for row, state in enumerate(states):
+        flat = _history(state, token_table) + row * vocab_size
+        seen_parts.append(flat)
+        output_parts.append(flat[state.num_prompt_tokens:])
+    num_seen = sum(len(part) for part in seen_parts)
+    indices = torch.from_numpy(np.concatenate(seen_parts + output_parts)).to(device)
+    seen_ids, output_ids = indices[:num_seen], indices[num_seen:]
+    counts = torch.zeros(num_rows * vocab_size, dtype=torch.float32, device=device)
+    counts.index_put_((output_ids,), torch.ones((), dtype=torch.float32, device=device), accumulate=True)
+    seen = torch.zeros(num_rows * vocab_size, dtype=torch.bool, device=device)
+    seen.index_fill_(0, seen_ids, True)
+    batch.output_counts = counts.view(num_rows, vocab_size)
+    batch.seen_mask = seen.view(num_rows, vocab_size)
+
+
 def build_sampling_batch(
     states: list[RequestState], vocab_size: int, eos_token_ids: tuple[int, ...], device: torch.device,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | None = None, token_table: np.ndarray | None = None,
 ) -> SamplingBatch:
-    """One row per sampled position; only the features some row uses are materialised."""
+    """One row per sampled position; only the features some row uses are materialised.
+
+    ``token_table``: the runner's [num_rows, max_tokens] host array of token ids, indexed by
+    ``RequestState.row``; given, the penalties read histories from it instead of the lists.
+    """
     params = [s.sampling_params for s in states]
-    temperature = [0.0 if p.is_greedy else float(p.temperature) for p in params]
-    batch = SamplingBatch(temperature=_column(temperature, torch.float32, device),
-                          all_greedy=all(t == 0 for t in temperature), generator=generator)
-    if not batch.all_greedy:
-        if any(p.top_k > 0 for p in params):
-            batch.top_k = _column([p.top_k for p in params], torch.int64, device)
-        if any(p.top_p < 1 for p in params):
-            batch.top_p = _column([p.top_p for p in params], torch.float32, device)
+    greedy = [p.is_greedy for p in params]
+    all_greedy = all(greedy)
+    floats = np.array([[0.0 if g else float(p.temperature) for p, g in zip(params, greedy)],
+                       [p.top_p for p in params], [p.min_p for p in params],
+                       [p.presence_penalty for p in params], [p.frequency_penalty for p in params],
+                       [p.repetition_penalty for p in params]], dtype=np.float32)
+    seeded = not all_greedy and any(p.seed is not None for p in params)
+    int_columns = [[p.top_k for p in params]]
+    if seeded:
+        int_columns += [[0 if p.seed is None else seed_key(p.seed) for p in params], _output_positions(states),
+                        [p.seed is not None for p in params]]
+    ints = np.array(int_columns, dtype=np.int64)
+    floats_d = torch.from_numpy(floats).to(device)
+    batch = SamplingBatch(temperature=floats_d[0], all_greedy=all_greedy, generator=generator)
+    if not all_greedy:
+        use_top_k, use_top_p = any(p.top_k > 0 for p in params), any(p.top_p < 1 for p in params)
+        if use_top_k or seeded:
+            ints_d = torch.from_numpy(ints).to(device)
+        if use_top_k:
+            batch.top_k = ints_d[0]
+        if use_top_p:
+            batch.top_p = floats_d[1]
+        if use_top_k and all(p.top_k > 0 for p in params if p.top_p < 1):
+            batch.max_top_k = max(p.top_k for p in params)
         if any(p.min_p > 0 for p in params):
-            batch.min_p = _column([p.min_p for p in params], torch.float32, device)
-        if any(p.seed is not None for p in params):
-            batch.seeds = [p.seed for p in params]
-            batch.positions = _output_positions(states)
+            batch.min_p = floats_d[2]
+        if seeded:
+            batch.seeds, batch.positions, batch.is_seeded = ints_d[1], ints_d[2], ints_d[3].bool()
     if any(p.has_penalties for p in params):
-        counts = torch.zeros(len(states), vocab_size, dtype=torch.float32)
-        seen = torch.zeros(len(states), vocab_size, dtype=torch.bool)
-        for row, state in enumerate(states):
-            outputs = torch.tensor(state.token_ids[state.num_prompt_tokens:], dtype=torch.int64)
-            counts[row].scatter_add_(0, outputs, torch.ones_like(outputs, dtype=torch.float32))
-            seen[row, torch.tensor(state.token_ids, dtype=torch.int64)] = True
-        batch.output_counts = counts.to(device)
-        batch.seen_mask = seen.to(device)
-        batch.presence_penalty = _column([p.presence_penalty for p in params], torch.float32, device)
-        batch.frequency_penalty = _column([p.frequency_penalty for p in params], torch.float32, device)
-        batch.repetition_penalty = _column([p.repetition_penalty for p in params], torch.float32, device)
+        _penalty_tensors(batch, states, vocab_size, device, token_table)
+        batch.presence_penalty, batch.frequency_penalty, batch.repetition_penalty = floats_d[3:6].unbind(0)
     banned_rows: list[int] = []
     banned_ids: list[int] = []
     for row, (state, p) in enumerate(zip(states, params)):
@@ -63,7 +104,8 @@ def build_sampling_batch(
             banned_rows.extend([row] * len(stops))
             banned_ids.extend(stops)
     if banned_rows:
-        batch.banned = (_column(banned_rows, torch.int64, device), _column(banned_ids, torch.int64, device))
+        banned = torch.tensor([banned_rows, banned_ids], dtype=torch.int64).to(device)
+        batch.banned = (banned[0], banned[1])
     wanted = [p.logprobs for p in params if p.logprobs is not None]
     batch.max_num_logprobs = max(wanted) if wanted else None
     return batch
