@@ -7,7 +7,9 @@ rewritten (partial rotary leaves the rest as they are). q and k may be strided v
 fused qkv output: that buffer is rotated where it lies, v untouched.
 
 Numerics are those of ``infer_core.layers.rotary.RotaryEmbedding`` (and HF): cos and sin are
-rounded to the input dtype, each product is rounded, then their sum.
+rounded to the input dtype, each product is rounded, then their sum (the launch turns off fma
+contraction, which would fuse a product with the sum and skip its rounding): bit-equal to torch
+on the GPU.
 """
 
 from __future__ import annotations
@@ -98,5 +100,6 @@ def rotary_inplace(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, co
     _rotary_kernel[(num_tokens, num_blocks)](
         q, k, cos_sin_cache, positions, num_q_heads, num_k_heads, *q.stride(), *k.stride(), cos_sin_cache.stride(0),
         HALF=half, BLOCK_D=block_d, BLOCK_H=block_h, num_warps=num_warps,
+        enable_fp_fusion=False,  # else x1*cos - x2*sin becomes one fma, skipping the roundings torch does
     )
     return q, k
