@@ -25,7 +25,7 @@ from infer_core.builtin.kv_paged import PagedKVAllocator
 from infer_core.builtin.scheduler_fcfs import FCFSScheduler
 from infer_core.errors import RequestError
 from infer_core.interfaces import Request, RequestStatus, RunnerOutput, SchedulerConfig, SchedulerOutput
-from infer_core.runner.state import RequestState, apply_scheduler_output
+from infer_core.runner.state import RequestTable, apply_scheduler_output
 from infer_core.sampling_params import SamplingParams
 
 EOS = 1
@@ -71,7 +71,7 @@ class Harness:
         self.allocator = PagedKVAllocator(num_blocks, block_size, enable_prefix_caching)
         self.config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, num_lookahead_tokens)
         self.scheduler = FCFSScheduler(self.config, self.allocator)
-        self.runner_states: dict[str, RequestState] = {}
+        self.runner_states = RequestTable()
         # shadow[block][slot]: the token prefix whose K/V the slot holds (None: never written since handed out)
         self.shadow: list[list[tuple[int, ...] | None]] = [[None] * block_size for _ in range(num_blocks)]
         self.live: dict[str, Request] = {}

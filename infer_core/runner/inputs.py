@@ -1,4 +1,10 @@
-"""Turning a SchedulerOutput into the flat batch of one forward pass."""
+"""Turning a SchedulerOutput into the flat batch of one forward pass.
+
+Everything is computed with numpy over the ``RequestTable``'s rows into preallocated (pinned, on
+CUDA) host buffers, then sent with two copies: one for the packed 1-D inputs, one for the used
+part of the block tables. The device tensors are views of persistent buffers, which is also what
+CUDA graphs need: a captured graph reads the same addresses every replay.
+"""
 
 from __future__ import annotations
 
@@ -8,86 +14,169 @@ import numpy as np
 import torch
 
 from infer_core.interfaces import BatchMetadata, SchedulerOutput
-from infer_core.runner.state import RequestState
+from infer_core.runner.state import RequestTable
+
+# The packed 1-D inputs, in order: per token, then per request (+1 for query_start_loc's end).
+_TOKEN_FIELDS = ("input_ids", "positions", "slot_mapping", "logits_indices")
+_REQUEST_FIELDS = ("query_start_loc", "seq_lens")
 
 
 @dataclass(slots=True)
 class StepInputs:
     request_ids: list[str]  # batch order: decode-only requests first
-    input_ids: torch.Tensor  # [num_tokens]
-    positions: torch.Tensor  # [num_tokens]
+    input_ids: torch.Tensor  # int32 [num_tokens (+ padding)]
+    positions: torch.Tensor  # int32 [num_tokens (+ padding)]
     metadata: BatchMetadata
-    logits_indices: torch.Tensor  # flat-batch index of every position whose logits are sampled
+    logits_indices: torch.Tensor  # int32: flat-batch index of every position whose logits are sampled
     sample_rows: list[int]  # batch index of the request each sampled position belongs to
+    padded_num_tokens: int  # rows of the padded batch (== num_tokens when not padded for a graph)
 
 
-def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    tensor = torch.from_numpy(array)
-    if device.type == "cuda":
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor
+class StepBuffers:
+    """Persistent host and device buffers for step inputs, sized for the largest step.
+
+    Rows past a step's real tokens/requests can be filled as padding that reads and writes only
+    ``pad_slot``'s block, so a padded CUDA-graph batch never touches a request's KV cache.
+    """
+
+    def __init__(self, max_num_tokens: int, max_num_reqs: int, max_blocks_per_req: int, device: torch.device,
+                 pad_block: int = 0) -> None:
+        self.device = device
+        self.max_num_tokens, self.max_num_reqs = max_num_tokens, max_num_reqs
+        self.max_blocks_per_req = max_blocks_per_req
+        self.pad_block = pad_block
+        sizes = [max_num_tokens] * len(_TOKEN_FIELDS) + [max_num_reqs + 1, max_num_reqs]
+        pin = device.type == "cuda"
+        self._packed_host = torch.zeros(sum(sizes), dtype=torch.int32, pin_memory=pin)
+        self._block_tables_host = torch.zeros(max_num_reqs, max_blocks_per_req, dtype=torch.int32, pin_memory=pin)
+        if device.type == "cuda":
+            self._packed = torch.zeros(sum(sizes), dtype=torch.int32, device=device)
+            self.block_tables = torch.zeros(max_num_reqs, max_blocks_per_req, dtype=torch.int32, device=device)
+        else:  # the CPU reads the host buffers directly
+            self._packed, self.block_tables = self._packed_host, self._block_tables_host
+        offsets = np.cumsum([0, *sizes])
+        names = (*_TOKEN_FIELDS, *_REQUEST_FIELDS)
+        self.host = {n: self._packed_host[offsets[i] : offsets[i + 1]].numpy() for i, n in enumerate(names)}
+        self.dev = {n: self._packed[offsets[i] : offsets[i + 1]] for i, n in enumerate(names)}
+        self.block_tables_np = self._block_tables_host.numpy()
+        # The host buffers are rewritten each step; wait until the previous copy has read them
+        # (a rank that never syncs on sampled tokens could otherwise run ahead of its copies).
+        self._copied = torch.cuda.Event() if device.type == "cuda" else None
+
+    def fits(self, num_tokens: int, num_reqs: int, max_blocks: int) -> bool:
+        return (num_tokens <= self.max_num_tokens and num_reqs <= self.max_num_reqs
+                and max_blocks <= self.max_blocks_per_req)
+
+    def wait_for_previous_copy(self) -> None:
+        if self._copied is not None:
+            self._copied.synchronize()
+
+    def copy_to_device(self, num_reqs: int, num_block_cols: int) -> None:
+        if self._copied is None:
+            return
+        self._packed.copy_(self._packed_host, non_blocking=True)
+        self.block_tables[:num_reqs, :num_block_cols].copy_(
+            self._block_tables_host[:num_reqs, :num_block_cols], non_blocking=True)
+        self._copied.record()
+
+    def fill_padding(self, num_tokens: int, padded_tokens: int, num_reqs: int, padded_reqs: int,
+                     block_size: int) -> None:
+        """Padding tokens are one-token requests at position 0 of the pad block."""
+        h = self.host
+        h["input_ids"][num_tokens:padded_tokens] = 0
+        h["positions"][num_tokens:padded_tokens] = 0
+        h["slot_mapping"][num_tokens:padded_tokens] = self.pad_block * block_size
+        h["query_start_loc"][num_reqs + 1 : padded_reqs + 1] = np.arange(num_tokens + 1, padded_tokens + 1)
+        h["seq_lens"][num_reqs:padded_reqs] = 1
+        self.block_tables_np[num_reqs:padded_reqs] = self.pad_block
+
+
+def _batch_order(scheduled: dict[str, int]) -> list[str]:
+    """Decode-only requests (one query token) first; stable, so schedule order is kept otherwise."""
+    return sorted(scheduled, key=lambda rid: scheduled[rid] != 1)
 
 
 def build_step_inputs(
-    output: SchedulerOutput, states: dict[str, RequestState], block_size: int, device: torch.device
+    output: SchedulerOutput, states: RequestTable, block_size: int, device: torch.device,
+    buffers: StepBuffers | None = None, padded_num_reqs: int | None = None,
 ) -> StepInputs:
+    """The flat batch of ``output``; with ``padded_num_reqs``, padded with one-token dummy requests
+    (decode-only steps replayed by a CUDA graph of that size)."""
     scheduled = output.num_scheduled_tokens
-    # Decode-only requests (one query token) first; stable, so schedule order is kept otherwise.
-    request_ids = sorted(scheduled, key=lambda rid: scheduled[rid] != 1)
+    request_ids = _batch_order(scheduled)
     num_reqs = len(request_ids)
-    query_lens = np.array([scheduled[rid] for rid in request_ids], dtype=np.int32)
-    query_start_loc = np.zeros(num_reqs + 1, dtype=np.int32)
+    padded_reqs = padded_num_reqs or num_reqs
+    rows = np.fromiter((states[rid].row for rid in request_ids), dtype=np.int64, count=num_reqs)
+    query_lens = np.fromiter((scheduled[rid] for rid in request_ids), dtype=np.int32, count=num_reqs)
+    for rid, draft in output.spec_token_ids.items():
+        if draft:
+            state = states[rid]
+            states.write_draft_tokens(state.row, len(state.token_ids), draft)
+    num_tokens = int(query_lens.sum())
+    padded_tokens = num_tokens + (padded_reqs - num_reqs)
+    max_blocks = int(max(len(states[rid].block_ids) for rid in request_ids))
+    if buffers is None or not buffers.fits(padded_tokens, padded_reqs, max_blocks):
+        if padded_reqs > num_reqs:
+            raise RuntimeError("a padded (CUDA-graph) step must use the graphs' own buffers")
+        buffers = StepBuffers(padded_tokens, padded_reqs, max_blocks, device)  # a one-off, larger step
+    buffers.wait_for_previous_copy()
+    h = buffers.host
+
+    query_start_loc = h["query_start_loc"][: num_reqs + 1]
+    query_start_loc[0] = 0
     np.cumsum(query_lens, out=query_start_loc[1:])
-    num_tokens = int(query_start_loc[-1])
+    computed = states.num_computed_tokens[rows]
+    token_rows = np.repeat(rows, query_lens)
+    positions = np.arange(num_tokens, dtype=np.int64) - np.repeat(query_start_loc[:-1] - computed, query_lens)
+    h["positions"][:num_tokens] = positions
+    h["input_ids"][:num_tokens] = states.token_ids[token_rows, positions]
+    seq_lens = h["seq_lens"][:num_reqs]
+    np.add(computed, query_lens, out=seq_lens)
+    num_allocated = np.fromiter((len(states[rid].block_ids) for rid in request_ids), dtype=np.int64, count=num_reqs)
+    if np.any(seq_lens > num_allocated * block_size):  # would write into another request's block
+        bad = int(np.argmax(seq_lens > num_allocated * block_size))
+        raise RuntimeError(f"request {request_ids[bad]}: {seq_lens[bad]} tokens but blocks for "
+                           f"{num_allocated[bad] * block_size}; scheduler and runner disagree")
+    block_tables = buffers.block_tables_np
+    block_tables[:num_reqs, :max_blocks] = states.block_table[rows, :max_blocks]
+    h["slot_mapping"][:num_tokens] = (states.block_table[token_rows, positions // block_size] * block_size
+                                      + positions % block_size)
 
-    input_ids = np.empty(num_tokens, dtype=np.int64)
-    positions = np.empty(num_tokens, dtype=np.int64)
-    seq_lens = np.empty(num_reqs, dtype=np.int32)
-    max_blocks = max(len(states[rid].block_ids) for rid in request_ids)
-    block_tables = np.zeros((num_reqs, max_blocks), dtype=np.int32)
-    logits_indices: list[int] = []
-    sample_rows: list[int] = []
-    for i, rid in enumerate(request_ids):
-        state = states[rid]
-        start, end = query_start_loc[i], query_start_loc[i + 1]
-        computed = state.num_computed_tokens
-        fed = state.token_ids[computed : computed + query_lens[i]]
-        spec = output.spec_token_ids.get(rid, [])
-        input_ids[start:end] = fed + spec[: query_lens[i] - len(fed)]
-        positions[start:end] = np.arange(computed, computed + query_lens[i])
-        seq_lens[i] = computed + query_lens[i]
-        if seq_lens[i] > len(state.block_ids) * block_size:  # would write into another request's block
-            raise RuntimeError(f"request {rid}: {seq_lens[i]} tokens but blocks for "
-                               f"{len(state.block_ids) * block_size}; scheduler and runner disagree")
-        block_tables[i, : len(state.block_ids)] = state.block_ids
-        if computed + query_lens[i] >= len(state.token_ids):  # reached the end of known tokens
-            first = end - 1 - len(spec)
-            logits_indices.extend(range(first, end))
-            sample_rows.extend([i] * (end - first))
+    # Sampled positions: a request that reaches the end of its known tokens samples its last
+    # position, plus one per draft token it verifies.
+    num_known = np.fromiter((len(states[rid].token_ids) for rid in request_ids), dtype=np.int64, count=num_reqs)
+    beyond_known = computed + query_lens - num_known  # the draft tokens fed, when >= 0
+    samples = np.where(beyond_known >= 0, beyond_known + 1, 0)
+    ends = query_start_loc[1:].astype(np.int64)
+    sample_rows = np.repeat(np.arange(num_reqs), samples)
+    num_samples = int(samples.sum())
+    first_of_row = np.repeat(np.cumsum(samples) - samples, samples)
+    h["logits_indices"][:num_samples] = (np.repeat(ends - samples, samples) + np.arange(num_samples) - first_of_row)
 
-    block_index = positions // block_size
-    rows = np.repeat(np.arange(num_reqs), query_lens)
-    slot_mapping = (block_tables[rows, block_index].astype(np.int64) * block_size + positions % block_size)
-
+    if padded_reqs > num_reqs:
+        buffers.fill_padding(num_tokens, padded_tokens, num_reqs, padded_reqs, block_size)
+    buffers.copy_to_device(padded_reqs, max_blocks)
+    d = buffers.dev
     metadata = BatchMetadata(
         num_reqs=num_reqs,
         num_tokens=num_tokens,
-        num_decode_only=int(np.sum(query_lens == 1)),
+        num_decode_only=int(np.count_nonzero(query_lens == 1)),
         max_query_len=int(query_lens.max()),
         max_seq_len=int(seq_lens.max()),
         block_size=block_size,
-        query_start_loc=_to_device(query_start_loc, device),
-        seq_lens=_to_device(seq_lens, device),
-        block_tables=_to_device(block_tables, device),
-        slot_mapping=_to_device(slot_mapping.astype(np.int32), device),
+        query_start_loc=d["query_start_loc"][: num_reqs + 1],
+        seq_lens=d["seq_lens"][:num_reqs],
+        block_tables=buffers.block_tables[:num_reqs, :max_blocks],
+        slot_mapping=d["slot_mapping"][:num_tokens],
         query_start_loc_cpu=torch.from_numpy(query_start_loc),
         seq_lens_cpu=torch.from_numpy(seq_lens),
     )
     return StepInputs(
         request_ids=request_ids,
-        input_ids=_to_device(input_ids, device),
-        positions=_to_device(positions, device),
+        input_ids=d["input_ids"][:padded_tokens],
+        positions=d["positions"][:padded_tokens],
         metadata=metadata,
-        logits_indices=_to_device(np.array(logits_indices, dtype=np.int64), device),
-        sample_rows=sample_rows,
+        logits_indices=d["logits_indices"][:num_samples],
+        sample_rows=sample_rows.tolist(),
+        padded_num_tokens=padded_tokens,
     )

@@ -6,6 +6,7 @@ import logging
 import time
 
 import torch
+from torch.profiler import record_function
 
 from infer_core.config import EngineConfig
 from infer_core.interfaces import NewRequestData, ParallelContext, RunnerOutput, SchedulerOutput, TokenLogprobs
@@ -13,10 +14,11 @@ from infer_core.layers.sampler import SamplerOutput, sample
 from infer_core.loader import Catalog
 from infer_core.models.build import BuildContext
 from infer_core.models.weights import load_model_weights
-from infer_core.runner.inputs import StepInputs, build_step_inputs
+from infer_core.runner.cuda_graphs import CudaGraphRunner, capture_sizes
+from infer_core.runner.inputs import StepBuffers, StepInputs, build_step_inputs
 from infer_core.runner.kv_cache import allocate_kv_caches, block_bytes, cpu_num_blocks, cuda_num_blocks
 from infer_core.runner.sampling_inputs import build_sampling_batch
-from infer_core.runner.state import RequestState, apply_scheduler_output
+from infer_core.runner.state import RequestTable
 from infer_core.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -37,7 +39,11 @@ class ModelRunner:
         self.model_class = catalog.load_class("model", config.model.architecture)
         self.model: torch.nn.Module | None = None
         self.kv_caches: list[torch.Tensor] = []
-        self.requests: dict[str, RequestState] = {}
+        settings = config.settings
+        self.max_blocks_per_req = -(-config.max_model_len // config.block_size) + 1  # +1: a draft's lookahead
+        self.requests = RequestTable(settings.max_num_seqs, config.max_model_len, self.max_blocks_per_req)
+        self.buffers: StepBuffers | None = None  # sized and allocated with the KV cache
+        self.graphs: CudaGraphRunner | None = None
         self.return_logits = False  # tests and accuracy checks: copy sampled positions' logits to the host
         # Unseeded sampling draws from this generator, not torch's global one: reproducible run to
         # run, and unaffected by (and not affecting) whatever else the process draws.
@@ -74,7 +80,11 @@ class ModelRunner:
         self._dummy_step()
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()
-        return cuda_num_blocks(s.gpu_memory_utilization, s.kv_cache_gb, self.bytes_per_block(), self.device, max_useful)
+        # A captured decode batch of max_num_seqs tokens needs about that share of the profiled
+        # activations (which are for max_num_batched_tokens tokens).
+        graph_share = min(1.0, s.max_num_seqs / s.max_num_batched_tokens) if self.uses_cuda_graphs() else 0.0
+        return cuda_num_blocks(s.gpu_memory_utilization, s.kv_cache_gb, self.bytes_per_block(), self.device,
+                               max_useful, graph_share)
 
     def _dummy_step(self) -> None:
         """One forward + sampling at the largest step the scheduler may produce.
@@ -105,9 +115,32 @@ class ModelRunner:
         self.kv_caches = []
 
     def init_kv_cache(self, num_blocks: int) -> None:
-        m = self.config.model
-        self.kv_caches = allocate_kv_caches(m.num_layers, num_blocks, self.config.block_size, self.num_kv_heads,
+        """Allocate ``num_blocks`` KV blocks (plus the pad block padded graph rows write to), the
+        step buffers, and capture the CUDA graphs."""
+        m, s = self.config.model, self.config.settings
+        self.kv_caches = allocate_kv_caches(m.num_layers, num_blocks + 1, self.config.block_size, self.num_kv_heads,
                                             m.head_dim, self.dtype, self.device)
+        max_num_tokens = max(s.max_num_batched_tokens, s.max_num_seqs)
+        self.buffers = StepBuffers(max_num_tokens, s.max_num_seqs, self.max_blocks_per_req, self.device,
+                                   pad_block=num_blocks)
+        if self.uses_cuda_graphs():
+            self.graphs = CudaGraphRunner(self.buffers, self.config.block_size, self.config.max_model_len,
+                                          capture_sizes(s.max_num_seqs))
+            with torch.inference_mode():
+                self.graphs.capture(self.attention.build_metadata, self._forward_logits)
+
+    def uses_cuda_graphs(self) -> bool:
+        if self.device.type != "cuda" or self.config.settings.enforce_eager:
+            return False
+        if not self.attention.capabilities(self.ctx).supports_cuda_graphs:
+            logger.info("CUDA graphs off: attention %r does not support them; every step runs eagerly",
+                        self.config.implementations.get("attention"))
+            return False
+        return True
+
+    def _forward_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata) -> torch.Tensor | None:
+        """Logits of every row (what a captured decode step computes)."""
+        return self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, metadata))
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> RunnerOutput:
@@ -122,25 +155,41 @@ class ModelRunner:
         finally:
             torch.set_flush_denormal(False)
 
+    def _graph_size(self, output: SchedulerOutput) -> int | None:
+        """The captured batch size a decode-only step replays at (None: run it eagerly)."""
+        if self.graphs is None or output.spec_token_ids or any(n != 1 for n in output.num_scheduled_tokens.values()):
+            return None
+        return self.graphs.padded_size(len(output.num_scheduled_tokens))
+
     def _execute(self, output: SchedulerOutput) -> RunnerOutput:
-        apply_scheduler_output(self.requests, output)
-        if output.is_empty:
-            return RunnerOutput()
-        inputs = build_step_inputs(output, self.requests, self.config.block_size, self.device)
-        metadata = self.attention.build_metadata(inputs.metadata)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, metadata)
+        with record_function("infer.prepare_inputs"):
+            self.requests.apply(output)
+            if output.is_empty:
+                return RunnerOutput()
+            graph_size = self._graph_size(output)
+            inputs = build_step_inputs(output, self.requests, self.config.block_size, self.device, self.buffers,
+                                       graph_size)
+        with record_function("infer.forward"):
+            if graph_size is not None:
+                logits = self.graphs.replay(graph_size)
+                if logits is not None:
+                    logits = logits.index_select(0, inputs.logits_indices)
+            else:
+                metadata = self.attention.build_metadata(inputs.metadata)
+                hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, metadata)
+                logits = None
+                if inputs.sample_rows:
+                    logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
         sampled: list[list[int]] = [[] for _ in inputs.request_ids]
         logprobs: list[list[TokenLogprobs] | None] = [None for _ in inputs.request_ids]
-        if not inputs.sample_rows:
+        if logits is None:  # nothing to sample, or not the rank that samples
             return RunnerOutput(inputs.request_ids, sampled, logprobs)
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])
-        if logits is None:  # not the rank that samples
-            return RunnerOutput(inputs.request_ids, sampled, logprobs)
-        states = [self.requests[inputs.request_ids[row]] for row in inputs.sample_rows]
-        batch = build_sampling_batch(states, self.config.model.vocab_size, self.config.eos_token_ids, self.device,
-                                     self.generator)
-        result = sample(logits, batch)
-        self._collect(inputs, states, result, sampled, logprobs)
+        with record_function("infer.sample"):
+            states = [self.requests[inputs.request_ids[row]] for row in inputs.sample_rows]
+            batch = build_sampling_batch(states, self.config.model.vocab_size, self.config.eos_token_ids,
+                                         self.device, self.generator)
+            result = sample(logits, batch)
+            self._collect(inputs, states, result, sampled, logprobs)
         output = RunnerOutput(inputs.request_ids, sampled, logprobs)
         if self.return_logits:
             host = logits.float().cpu()

@@ -1,0 +1,162 @@
+"""CUDA graphs of decode steps: which sizes are captured, how a batch is padded, and (on a GPU)
+that replaying a graph gives what the eager step gives."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from infer_core import LLM, SamplingParams
+from infer_core.interfaces import CachedRequestData, NewRequestData, SchedulerOutput
+from infer_core.runner.cuda_graphs import capture_sizes
+from infer_core.runner.inputs import StepBuffers, build_step_inputs
+from infer_core.runner.state import RequestTable
+from infer_core.testing import LogitsRecorder, write_config_checkpoint
+
+
+def test_capture_sizes_are_powers_of_two_then_every_eight():
+    assert capture_sizes(256) == [1, 2, 4, 8, *range(16, 257, 8)]
+    assert capture_sizes(1) == [1]
+    assert capture_sizes(6) == [1, 2, 4, 6]
+    assert capture_sizes(20) == [1, 2, 4, 8, 16, 20]
+
+
+def _decode_step(table: RequestTable, lengths: list[int], block_size: int) -> SchedulerOutput:
+    """Requests already prefilled to ``lengths`` tokens, each now decoding one token."""
+    output = SchedulerOutput()
+    next_block = 0
+    for i, n in enumerate(lengths):
+        num_blocks = -(-(n + 1) // block_size)
+        blocks = list(range(next_block, next_block + num_blocks))
+        next_block += num_blocks
+        output.new_requests.append(NewRequestData(f"r{i}", [7 + i] * n + [100 + i], n, SamplingParams(), blocks, n))
+        output.num_scheduled_tokens[f"r{i}"] = 1
+    table.apply(output)
+    return output
+
+
+def test_padded_decode_batch_points_padding_at_the_pad_block():
+    block_size, pad_block = 4, 50
+    table = RequestTable()
+    output = _decode_step(table, [3, 9, 4], block_size)
+    buffers = StepBuffers(16, 8, 8, torch.device("cpu"), pad_block=pad_block)
+    inputs = build_step_inputs(output, table, block_size, torch.device("cpu"), buffers, padded_num_reqs=8)
+    assert inputs.padded_num_tokens == 8 and inputs.metadata.num_reqs == 3 and inputs.metadata.num_tokens == 3
+    assert inputs.input_ids.tolist() == [100, 101, 102, 0, 0, 0, 0, 0]
+    assert inputs.positions.tolist() == [3, 9, 4, 0, 0, 0, 0, 0]
+    h = buffers.host
+    # real rows: slot = block_table[pos // bs] * bs + pos % bs; padding: slot 0 of the pad block
+    assert h["slot_mapping"][:8].tolist() == [0 * 4 + 3, 3 * 4 + 1, 5 * 4 + 0] + [pad_block * block_size] * 5
+    assert h["seq_lens"][:8].tolist() == [4, 10, 5, 1, 1, 1, 1, 1]
+    assert h["query_start_loc"][:9].tolist() == list(range(9))
+    assert (buffers.block_tables_np[3:8] == pad_block).all()
+    assert inputs.sample_rows == [0, 1, 2] and inputs.logits_indices.tolist() == [0, 1, 2]
+
+
+def test_step_inputs_of_a_mixed_batch_follow_the_table():
+    """Decodes first, then a chunk after a cached prefix; a draft token extends a decode."""
+    block_size = 4
+    table = RequestTable(num_rows=1, max_tokens=2, max_blocks=1)  # forces the arrays to grow
+    output = SchedulerOutput()
+    output.new_requests.append(NewRequestData("chunk", list(range(20, 30)), 10, SamplingParams(), [5, 6, 7], 4))
+    output.new_requests.append(NewRequestData("dec", [1, 2, 3, 4, 5], 4, SamplingParams(), [9, 10], 4))
+    output.num_scheduled_tokens = {"chunk": 6, "dec": 2}
+    output.spec_token_ids = {"dec": [77]}
+    table.apply(output)
+    inputs = build_step_inputs(output, table, block_size, torch.device("cpu"))
+    assert inputs.request_ids == ["chunk", "dec"]  # neither is a one-token decode: schedule order
+    assert inputs.input_ids.tolist() == [24, 25, 26, 27, 28, 29, 5, 77]
+    assert inputs.positions.tolist() == [4, 5, 6, 7, 8, 9, 4, 5]
+    slots = [6 * 4 + 0, 6 * 4 + 1, 6 * 4 + 2, 6 * 4 + 3, 7 * 4 + 0, 7 * 4 + 1, 10 * 4 + 0, 10 * 4 + 1]
+    assert inputs.metadata.slot_mapping.tolist() == slots
+    # the chunk reaches its end: samples its last token; the decode verifies 1 draft: 2 samples
+    assert inputs.logits_indices.tolist() == [5, 6, 7] and inputs.sample_rows == [0, 1, 1]
+    assert inputs.metadata.seq_lens.tolist() == [10, 6]
+    # the next step: a cached update appends tokens and a block in place
+    step = SchedulerOutput(cached_requests=[CachedRequestData("dec", [6], [11], 5)], num_scheduled_tokens={"dec": 1})
+    table.apply(step)
+    row = table["dec"].row
+    assert table.token_ids[row, :6].tolist() == [1, 2, 3, 4, 5, 6]
+    assert table.block_table[row, :3].tolist() == [9, 10, 11]
+    inputs = build_step_inputs(step, table, block_size, torch.device("cpu"))
+    assert inputs.input_ids.tolist() == [6] and inputs.positions.tolist() == [5] and inputs.sample_rows == [0]
+
+
+def test_request_rows_are_reused_and_grow():
+    table = RequestTable(num_rows=2)
+    out = SchedulerOutput()
+    for i in range(5):
+        out.new_requests.append(NewRequestData(f"r{i}", [i] * 3, 3, SamplingParams(), [i], 0))
+    table.apply(out)
+    rows = sorted(table[f"r{i}"].row for i in range(5))
+    assert rows == [0, 1, 2, 3, 4] and len(table.num_computed_tokens) >= 5
+    table.apply(SchedulerOutput(finished_request_ids={"r1"}))
+    table.apply(SchedulerOutput(new_requests=[NewRequestData("x", [9], 1, SamplingParams(), [3], 0)]))
+    assert table["x"].row not in {table[f"r{i}"].row for i in (0, 2, 3, 4)}
+    assert np.array_equal(table.token_ids[table["r4"].row, :3], [4, 4, 4])
+
+
+# --- on a GPU ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def qwen3_06b(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("qwen3-0.6b")
+    return write_config_checkpoint("Qwen3-0.6B", folder)
+
+
+def _greedy_logits(folder, attention: str, enforce_eager: bool, prompts) -> tuple[list, dict]:
+    llm = LLM(str(folder), load_format="dummy", attention=attention, enforce_eager=enforce_eager,
+              max_model_len=4096, max_num_seqs=32, gpu_memory_utilization=0.45)
+    try:
+        params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+        with LogitsRecorder(llm.engine) as recorder:
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+        return [o.outputs[0].token_ids for o in outputs], {o.request_id: recorder.logits[o.request_id] for o in outputs}
+    finally:
+        llm.shutdown()
+        torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attention", ["flash", "triton"])
+@pytest.mark.parametrize("batch", [8, 5])  # a captured size exactly; one padded to 8
+def test_graph_replay_gives_the_eager_logits(qwen3_06b, attention, batch):
+    pytest.importorskip({"flash": "flash_attn", "triton": "infer_attention_triton"}[attention])
+    rng = random.Random(batch)
+    prompts = [[rng.randrange(0, 151936) for _ in range(rng.randrange(20, 700))] for _ in range(batch)]
+    eager_tokens, eager_logits = _greedy_logits(qwen3_06b, attention, True, prompts)
+    graph_tokens, graph_logits = _greedy_logits(qwen3_06b, attention, False, prompts)
+    assert graph_tokens == eager_tokens
+    worst = 0.0
+    for request_id, steps in eager_logits.items():
+        for step, (eager, graph) in enumerate(zip(steps, graph_logits[request_id])):
+            rel = float((graph.float() - eager.float()).norm() / eager.float().norm())
+            worst = max(worst, rel)
+    # The same kernels on the same inputs; only the attention split heuristics may differ (the
+    # graph is captured for max_model_len), which moves bfloat16 rounding, not results.
+    assert worst < 5e-3, f"graph vs eager logits differ by {worst:.2e} (relative)"
+
+
+@pytest.mark.gpu
+def test_decode_steps_replay_graphs_and_capture_is_fast(qwen3_06b, caplog):
+    caplog.set_level(logging.INFO)
+    llm = LLM(str(qwen3_06b), load_format="dummy", max_model_len=4096, gpu_memory_utilization=0.5)
+    runner = llm.engine.executor.worker.runner
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("captured"))
+    seconds = float(line.split(" in ")[1].split(" s")[0])
+    assert seconds < 30, line
+    assert sorted(runner.graphs.graphs) == capture_sizes(llm.engine.config.settings.max_num_seqs)
+    replays: list[int] = []
+    replay = runner.graphs.replay
+    runner.graphs.replay = lambda size: replays.append(size) or replay(size)
+    prompts = [[i + 1] * 50 for i in range(13)]
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.8, max_tokens=20, ignore_eos=True), use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 20 for o in outputs)
+    assert replays and set(replays) == {16}, replays  # 13 decoding requests replay the 16-graph
+    assert len(replays) >= 18  # every decode step after the prefill
+    llm.shutdown()
