@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import write_result
+from infer_core.bench.workload import NUM_WORKLOAD_PROMPTS, offline_workload
 from infer_core.testing import REAL_CONFIGS
 
 QWEN3_8B = REAL_CONFIGS["Qwen3-8B"]
@@ -64,15 +65,13 @@ TINY = {
 
 LOGITS_RTOL = 2e-2
 DECODE_TARGET = 1.6
-NUM_WORKLOAD = 256
+NUM_WORKLOAD = NUM_WORKLOAD_PROMPTS
 
 
 def workload(num_prompts: int, max_len: int = 1024) -> tuple[list[list[int]], list[int]]:
     """The nano-vllm offline workload, bit-exact for max_len=1024; the first ``num_prompts`` of it."""
-    random.seed(0)
-    prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, max_len))] for _ in range(NUM_WORKLOAD)]
-    output_lens = [random.randint(100, max_len) for _ in range(NUM_WORKLOAD)]
-    return prompts[:num_prompts], output_lens[:num_prompts]
+    requests = offline_workload(num_prompts, max_len)
+    return requests.prompts, requests.output_lens
 
 
 ACCURACY_PROMPT_LENS = (16, 33, 64, 100, 128, 200, 256, 300, 17, 48, 90, 150, 222, 333, 400, 512)

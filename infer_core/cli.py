@@ -81,6 +81,18 @@ def cmd_bench_serve(args) -> int:
     return run(args)
 
 
+def cmd_bench_throughput(args) -> int:
+    from infer_core.bench.throughput import run
+
+    return run(args)
+
+
+def cmd_bench_latency(args) -> int:
+    from infer_core.bench.latency import run
+
+    return run(args)
+
+
 def cmd_generate(args) -> int:
     from infer_core.llm import LLM
 
@@ -173,6 +185,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_serve_arguments(b)
     b.set_defaults(handler=cmd_bench_serve)
+    b = bench.add_parser("throughput", help="offline throughput (the nano-vllm workload): infer, peers and the floor")
+    from infer_core.bench.throughput import add_arguments as add_bench_throughput_arguments
+
+    add_bench_throughput_arguments(b)
+    b.set_defaults(handler=cmd_bench_throughput)
+    b = bench.add_parser("latency", help="batch-1 decode latency: infer, peers and the floor")
+    from infer_core.bench.latency import add_arguments as add_bench_latency_arguments
+
+    add_bench_latency_arguments(b)
+    b.set_defaults(handler=cmd_bench_latency)
 
     return parser
 

@@ -32,17 +32,31 @@ TINY_ARCHITECTURES: dict[str, dict[str, Any]] = {
 }
 
 
-# Published shapes of real models (values from their config.json), for dummy-weight runs on a GPU.
+# The published config.json of real models (as on the HF Hub), for dummy-weight runs on a GPU.
+# benchmarks/configs/<name>/config.json holds the same files; tests/test_bench_configs.py keeps them equal.
 _QWEN3_COMMON: dict[str, Any] = dict(
-    architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=151936, head_dim=128,
-    max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000, torch_dtype="bfloat16",
-    bos_token_id=151643, eos_token_id=151645, hidden_act="silu", attention_bias=False,
+    architectures=["Qwen3ForCausalLM"], attention_bias=False, attention_dropout=0.0, bos_token_id=151643,
+    eos_token_id=151645, head_dim=128, hidden_act="silu", initializer_range=0.02, max_position_embeddings=40960,
+    model_type="qwen3", rms_norm_eps=1e-6, rope_scaling=None, rope_theta=1000000, sliding_window=None,
+    torch_dtype="bfloat16", transformers_version="4.51.0", use_cache=True, use_sliding_window=False,
+    vocab_size=151936,
 )
 REAL_CONFIGS: dict[str, dict[str, Any]] = {
-    "Qwen3-0.6B": dict(_QWEN3_COMMON, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                       num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True),
-    "Qwen3-8B": dict(_QWEN3_COMMON, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                     num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
+    "Qwen3-0.6B": dict(_QWEN3_COMMON, hidden_size=1024, intermediate_size=3072, max_window_layers=28,
+                       num_attention_heads=16, num_hidden_layers=28, num_key_value_heads=8, tie_word_embeddings=True),
+    "Qwen3-8B": dict(_QWEN3_COMMON, hidden_size=4096, intermediate_size=12288, max_window_layers=36,
+                     num_attention_heads=32, num_hidden_layers=36, num_key_value_heads=8, tie_word_embeddings=False),
+    # meta-llama/Llama-3.1-8B (the base model: one eos id; the Instruct model lists 128001, 128008, 128009)
+    "Llama-3.1-8B": dict(
+        architectures=["LlamaForCausalLM"], attention_bias=False, attention_dropout=0.0, bos_token_id=128000,
+        eos_token_id=128001, hidden_act="silu", hidden_size=4096, initializer_range=0.02, intermediate_size=14336,
+        max_position_embeddings=131072, mlp_bias=False, model_type="llama", num_attention_heads=32,
+        num_hidden_layers=32, num_key_value_heads=8, pretraining_tp=1, rms_norm_eps=1e-5,
+        rope_scaling=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192,
+                          rope_type="llama3"),
+        rope_theta=500000.0, tie_word_embeddings=False, torch_dtype="bfloat16", transformers_version="4.43.0.dev0",
+        use_cache=True, vocab_size=128256,
+    ),
 }
 
 

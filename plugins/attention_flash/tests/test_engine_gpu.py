@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 from infer_core import LLM, SamplingParams
+from infer_core.bench.workload import offline_workload
 from infer_core.interfaces import CachedRequestData, NewRequestData, SchedulerOutput
 from infer_core.runner.inputs import build_step_inputs
 from infer_core.runner.state import apply_scheduler_output
@@ -123,17 +124,10 @@ def test_flash_is_the_default_on_cuda_with_256_token_blocks(qwen3_folder, monkey
     llm.shutdown()
 
 
-def offline_throughput_workload() -> tuple[list[list[int]], list[int]]:
-    """DESIGN §8, bit-exact: 256 prompts of 100-1024 random token ids, then 256 output lengths."""
-    random.seed(0)
-    prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, 1024))] for _ in range(256)]
-    lengths = [random.randint(100, 1024) for _ in range(256)]
-    return prompts, lengths
-
-
 @pytest.mark.slow
 def test_offline_throughput_workload_runs(qwen3_folder, capsys):
-    prompts, lengths = offline_throughput_workload()
+    workload = offline_workload()
+    prompts, lengths = workload.prompts, workload.output_lens
     assert sum(lengths) == 133966
     llm = LLM(str(qwen3_folder), load_format="dummy", attention="flash", max_model_len=4096)
     llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0.6, max_tokens=16, ignore_eos=True), use_tqdm=False)

@@ -1,0 +1,153 @@
+"""infer's own rows: the offline-throughput workload and batch-1 decode latency, through ``LLM``.
+
+Runs inside a child process of ``infer bench`` (one per attention backend), so each engine has
+the device to itself and gives all its memory back when it ends.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from infer_core.bench.step_profile import profile_steps
+from infer_core.bench.workload import (
+    WARMUP_MAX_TOKENS,
+    WARMUP_PROMPT,
+    WORKLOAD_TEMPERATURE,
+    OfflineWorkload,
+    latency_prompt,
+)
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def start_engine(folder: str, settings: dict[str, Any]):
+    """``LLM`` on ``folder`` with ``settings``; returns it with the row fields that describe it."""
+    from infer_core import LLM
+
+    started = time.perf_counter()
+    llm = LLM(folder, **settings)
+    config = llm.engine.config
+    return llm, {
+        "system": "infer",
+        "attention": config.implementations["attention"],
+        "block_size": config.block_size,
+        "kv_blocks": llm.engine.num_kv_blocks,
+        "enforce_eager": bool(config.settings.enforce_eager),
+        "startup_s": round(time.perf_counter() - started, 2),
+    }
+
+
+def measure_throughput(llm, workload: OfflineWorkload) -> dict[str, Any]:
+    """One warm-up request, then the whole workload by ``LLM.generate``: output tokens / wall time."""
+    from infer_core import SamplingParams
+
+    warmup = SamplingParams(temperature=WORKLOAD_TEMPERATURE, max_tokens=WARMUP_MAX_TOKENS, ignore_eos=True)
+    llm.generate([WARMUP_PROMPT], warmup, use_tqdm=False)
+    params = [SamplingParams(temperature=WORKLOAD_TEMPERATURE, ignore_eos=True, max_tokens=n)
+              for n in workload.output_lens]
+    _sync()
+    start = time.perf_counter()
+    outputs = llm.generate(workload.prompts, params, use_tqdm=False)
+    _sync()
+    elapsed = time.perf_counter() - start
+    produced = [len(o.outputs[0].token_ids) for o in outputs]
+    if produced != workload.output_lens:
+        raise RuntimeError(f"the engine produced {sum(produced)} tokens, the workload asks for "
+                           f"{workload.num_output_tokens}: ignore_eos or max_tokens was not honoured")
+    return {
+        "output_tok_s": round(sum(produced) / elapsed, 1),
+        "output_tokens": sum(produced),
+        "prompt_tokens": workload.num_prompt_tokens,
+        "elapsed_s": round(elapsed, 3),
+        "num_prompts": len(workload.prompts),
+    }
+
+
+def profile_throughput(llm, workload: OfflineWorkload, skip_steps: int, num_steps: int,
+                       trace_path: Path | None) -> dict[str, Any]:
+    """The workload again: ``skip_steps`` steps (the prefills), then ``num_steps`` profiled; the rest aborted."""
+    from infer_core import SamplingParams
+
+    engine = llm.engine
+    ids = [engine.add_request(f"profile-{i}", prompt,
+                              SamplingParams(temperature=WORKLOAD_TEMPERATURE, ignore_eos=True, max_tokens=n))
+           for i, (prompt, n) in enumerate(zip(workload.prompts, workload.output_lens))]
+    try:
+        for _ in range(skip_steps):
+            if not engine.has_unfinished_requests():
+                break
+            engine.step()
+        if not engine.has_unfinished_requests():
+            raise ValueError(f"the workload finished within --profile-skip {skip_steps} steps; lower it")
+        return profile_steps(engine.step, num_steps, trace_path)
+    finally:
+        for request_id in ids:
+            engine.abort(request_id)
+
+
+def measure_latency(llm, prompt_len: int, new_tokens: int, repeats: int, warmups: int = 1) -> dict[str, Any]:
+    """Batch 1 through the step loop: time to first token, then decode ms per token, mean and p50."""
+    from infer_core import SamplingParams
+
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    prompt = latency_prompt(prompt_len, engine.config.model.vocab_size)
+    e2e, ttft = [], []
+    for run in range(warmups + repeats):
+        engine.add_request(f"latency-{run}", prompt, params)
+        _sync()
+        start = time.perf_counter()
+        engine.step()
+        first = time.perf_counter()
+        steps = 1
+        while engine.has_unfinished_requests():
+            engine.step()
+            steps += 1
+        _sync()
+        end = time.perf_counter()
+        if steps != new_tokens:
+            raise RuntimeError(f"expected {new_tokens} steps for {new_tokens} tokens at batch 1, ran {steps}")
+        if run >= warmups:
+            e2e.append(end - start)
+            ttft.append(first - start)
+    return latency_figures(e2e, ttft, new_tokens)
+
+
+def latency_figures(e2e: list[float], ttft: list[float], new_tokens: int) -> dict[str, Any]:
+    """The same figure names for every system: output tok/s end to end, decode ms/token, TTFT."""
+    decode_ms = [(total - first) / (new_tokens - 1) * 1e3 for total, first in zip(e2e, ttft)]
+    tok_s = [new_tokens / total for total in e2e]
+    return {
+        "output_tok_s": round(statistics.mean(tok_s), 1),
+        "output_tok_s_p50": round(statistics.median(tok_s), 1),
+        "ms_per_token": round(statistics.mean(decode_ms), 4),
+        "ms_per_token_p50": round(statistics.median(decode_ms), 4),
+        "decode_tok_s": round(1e3 / statistics.mean(decode_ms), 1),
+        "ttft_ms": round(statistics.mean(ttft) * 1e3, 3),
+        "repeats": len(e2e),
+        "ms_per_token_runs": [round(ms, 4) for ms in decode_ms],
+    }
+
+
+def profile_latency(llm, prompt_len: int, skip_steps: int, num_steps: int, trace_path: Path | None) -> dict[str, Any]:
+    """Batch-1 decode steps under the profiler, after the prefill and ``skip_steps`` decode steps."""
+    from infer_core import SamplingParams
+
+    engine = llm.engine
+    prompt = latency_prompt(prompt_len, engine.config.model.vocab_size)
+    params = SamplingParams(temperature=0, max_tokens=skip_steps + num_steps + 2, ignore_eos=True)
+    engine.add_request("latency-profile", prompt, params)
+    try:
+        for _ in range(1 + skip_steps):
+            engine.step()
+        return profile_steps(engine.step, num_steps, trace_path)
+    finally:
+        engine.abort("latency-profile")

@@ -1,0 +1,113 @@
+"""Where a step's time goes: host time in the engine's named ranges, and GPU busy vs idle.
+
+Runs a window of engine steps under ``torch.profiler`` (CPU + CUDA activities). Host time is
+the summed duration of the ``record_function`` ranges the engine and runner emit; GPU busy is
+the union of kernel, memcpy and memset intervals on the device timeline, clipped to the window;
+idle is the rest of the window's wall time. All times come from the profiler's one clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STEP_RANGES = ("infer.schedule", "infer.prepare_inputs", "infer.forward", "infer.sample", "infer.process_outputs")
+WINDOW_RANGE = "infer.bench.window"
+_DEVICE_ACTIVITIES = {"kernel", "gpu_memcpy", "gpu_memset"}
+
+
+def _union_ns(intervals: list[tuple[int, int]]) -> int:
+    total, end = 0, None
+    for start, stop in sorted(intervals):
+        if end is None or start > end:
+            total += stop - start
+            end = stop
+        elif stop > end:
+            total += stop - end
+            end = stop
+    return total
+
+
+def summarize_events(events, num_steps: int) -> dict[str, Any]:
+    """The breakdown from kineto events (``prof.profiler.kineto_results.events()``)."""
+    window = [e for e in events if e.name() == WINDOW_RANGE and e.activity_type() == "user_annotation"]
+    if len(window) != 1:
+        raise RuntimeError(f"expected one {WINDOW_RANGE!r} range in the profile, found {len(window)}")
+    start, end = window[0].start_ns(), window[0].end_ns()
+    wall_ns = end - start
+    host: dict[str, dict[str, Any]] = {name: {"count": 0, "ns": 0} for name in STEP_RANGES}
+    device: list[tuple[int, int]] = []
+    saw_device = False
+    for e in events:
+        kind = e.activity_type()
+        if kind == "user_annotation" and e.name() in host:
+            host[e.name()]["count"] += 1
+            host[e.name()]["ns"] += e.duration_ns()
+        elif kind in _DEVICE_ACTIVITIES and str(e.device_type()).endswith("CUDA"):
+            saw_device = True
+            lo, hi = max(start, e.start_ns()), min(end, e.end_ns())
+            if hi > lo:
+                device.append((lo, hi))
+    per_step = 1e6 * max(1, num_steps)  # ns -> ms per step
+    ranges = {name: {"count": v["count"], "ms_per_step": round(v["ns"] / per_step, 4)} for name, v in host.items()}
+    named_ns = sum(v["ns"] for v in host.values())
+    breakdown: dict[str, Any] = {
+        "num_steps": num_steps,
+        "wall_ms_per_step": round(wall_ns / per_step, 4),
+        "host_ranges": ranges,
+        "host_other_ms_per_step": round(max(0, wall_ns - named_ns) / per_step, 4),
+        "missing_ranges": [name for name, v in host.items() if v["count"] == 0],
+    }
+    if saw_device or torch.cuda.is_available():
+        busy = _union_ns(device)
+        breakdown.update(
+            gpu_busy_ms_per_step=round(busy / per_step, 4),
+            gpu_idle_ms_per_step=round((wall_ns - busy) / per_step, 4),
+            gpu_busy_fraction=round(busy / wall_ns, 4) if wall_ns else None,
+        )
+    else:
+        breakdown.update(gpu_busy_ms_per_step=None, gpu_idle_ms_per_step=None, gpu_busy_fraction=None)
+    return breakdown
+
+
+def profile_steps(step: Callable[[], Any], num_steps: int, trace_path: Path | None = None) -> dict[str, Any]:
+    """Call ``step`` ``num_steps`` times under the profiler and return the breakdown per step.
+
+    The window starts and ends with the device drained, so its GPU work all falls inside it.
+    """
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    is_cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if is_cuda else [])
+    if is_cuda:
+        torch.cuda.synchronize()
+    with profile(activities=activities) as prof:
+        with record_function(WINDOW_RANGE):
+            for _ in range(num_steps):
+                step()
+            if is_cuda:
+                torch.cuda.synchronize()
+    if trace_path is not None:
+        trace_path.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(trace_path))
+    breakdown = summarize_events(prof.profiler.kineto_results.events(), num_steps)
+    if trace_path is not None:
+        breakdown["trace"] = str(trace_path)
+    return breakdown
+
+
+def format_breakdown(label: str, breakdown: dict[str, Any]) -> str:
+    """The breakdown as aligned lines, for the terminal."""
+    lines = [f"step breakdown, {label}: {breakdown['num_steps']} steps, {breakdown['wall_ms_per_step']:.3f} ms/step"]
+    for name, value in breakdown["host_ranges"].items():
+        note = "" if value["count"] else "  (range not emitted)"
+        lines.append(f"  {name:<24}{value['ms_per_step']:>10.3f} ms{note}")
+    lines.append(f"  {'host, outside ranges':<24}{breakdown['host_other_ms_per_step']:>10.3f} ms")
+    if breakdown.get("gpu_busy_ms_per_step") is not None:
+        lines.append(f"  {'GPU busy':<24}{breakdown['gpu_busy_ms_per_step']:>10.3f} ms")
+        lines.append(f"  {'GPU idle':<24}{breakdown['gpu_idle_ms_per_step']:>10.3f} ms"
+                     f"  ({100 * (1 - breakdown['gpu_busy_fraction']):.1f}% of the window)")
+    return "\n".join(lines)

@@ -1,0 +1,98 @@
+"""``infer bench throughput``: the offline-throughput benchmark of DESIGN §8, infer and its peers.
+
+The nano-vllm workload (:mod:`infer_core.bench.workload`) through ``LLM.generate`` once per
+``--attention`` backend, each in a fresh process; ``--peers hf-generate-batch`` runs HF
+transformers' continuous batching on the first ``--peer-num-prompts`` requests (it is ~50x
+slower), and ``--peers floor`` adds the physical floor (:mod:`infer_core.bench.roofline`).
+Every system is a row of one record: output tokens per second of wall time.
+
+    infer bench throughput --attention flash triton torch --peers hf-generate-batch floor --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from infer_core.bench.config import BenchmarkError
+from infer_core.bench.offline_common import (
+    add_common_arguments,
+    base_spec,
+    check_common,
+    common_settings,
+    engine_settings,
+    finish,
+    resolve_model,
+    settle_max_model_len,
+)
+from infer_core.bench.systems import add_floor_fractions, format_rows, run_systems
+from infer_core.bench.workload import NUM_WORKLOAD_PROMPTS, WORKLOAD_MAX_LEN, WORKLOAD_TEMPERATURE, offline_workload
+
+BENCHMARK = "offline-throughput"
+PEERS = ("hf-generate-batch", "floor")
+# HF continuous batching ran 64 requests x 1024 new tokens in 148 s on an H100: the first 32
+# requests of the workload (17,085 output tokens) take about a minute.
+DEFAULT_PEER_NUM_PROMPTS = 32
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common_arguments(parser, PEERS)
+    parser.add_argument("--num-prompts", type=int, default=NUM_WORKLOAD_PROMPTS,
+                        help=f"the first N requests of the workload (default all {NUM_WORKLOAD_PROMPTS})")
+    parser.add_argument("--peer-num-prompts", type=int, default=DEFAULT_PEER_NUM_PROMPTS,
+                        help="the first N requests for hf-generate-batch (default %(default)s: about a minute)")
+    parser.add_argument("--max-len", type=int, default=WORKLOAD_MAX_LEN,
+                        help="longest prompt and output (default 1024, the real workload; less only for dry runs)")
+    parser.add_argument("--profile-skip", type=int, default=32,
+                        help="steps of the workload before the profiled window (past the prefills)")
+
+
+def check(args: argparse.Namespace) -> None:
+    check_common(args)
+    for flag, value in (("--num-prompts", args.num_prompts), ("--peer-num-prompts", args.peer_num_prompts)):
+        if not 1 <= value <= NUM_WORKLOAD_PROMPTS:
+            raise BenchmarkError(f"{flag} must be between 1 and {NUM_WORKLOAD_PROMPTS}, got {value}")
+    if not 100 <= args.max_len <= WORKLOAD_MAX_LEN:
+        raise BenchmarkError(f"--max-len must be between 100 and {WORKLOAD_MAX_LEN}, got {args.max_len}")
+    if args.profile_skip < 0:
+        raise BenchmarkError(f"--profile-skip must be 0 or more, got {args.profile_skip}")
+
+
+def check_lengths(args: argparse.Namespace) -> None:
+    """Once ``--max-model-len`` is known (its default depends on the model)."""
+    if args.max_model_len < 2 * args.max_len:
+        raise BenchmarkError(f"--max-model-len {args.max_model_len} cannot hold a {args.max_len}-token prompt and "
+                             f"{args.max_len} output tokens; use at least {2 * args.max_len}")
+
+
+def run(args: argparse.Namespace) -> int:
+    check(args)
+    with tempfile.TemporaryDirectory(prefix="infer-bench-model-") as scratch:
+        folder, label = resolve_model(args.model, Path(scratch))
+        settle_max_model_len(args, folder)
+        check_lengths(args)
+        common = {**base_spec(args, BENCHMARK, folder), "max_len": args.max_len, "profile_skip": args.profile_skip}
+        specs = [{**common, "system": "infer", "attention": attention, "num_prompts": args.num_prompts,
+                  "engine_settings": engine_settings(args, attention)} for attention in (args.attention or [None])]
+        if "hf-generate-batch" in args.peers:
+            specs.append({**common, "system": "hf-generate-batch", "num_prompts": args.peer_num_prompts})
+        if "floor" in args.peers:
+            specs.append({**common, "system": "floor", "num_prompts": args.num_prompts})
+        rows, device = run_systems(specs, args.timeout)
+    add_floor_fractions(rows, "output_tok_s", higher_is_better=True)
+    workload = offline_workload(args.num_prompts, args.max_len)
+    settings = {
+        **common_settings(args, label),
+        "num_prompts": args.num_prompts,
+        "peer_num_prompts": args.peer_num_prompts if "hf-generate-batch" in args.peers else None,
+        "max_len": args.max_len,
+        "output_tokens": workload.num_output_tokens,
+        "prompt_tokens": workload.num_prompt_tokens,
+        "temperature": WORKLOAD_TEMPERATURE,
+        "ignore_eos": True,
+        "workload": "nano-vllm: random.seed(0); prompts randint(100, 1024) tokens of randint(0, 10000); "
+                    "then output lengths randint(100, 1024); one warm-up request",
+    }
+    print(format_rows(rows, ("output_tok_s", "num_prompts", "elapsed_s")))
+    return finish(args, BENCHMARK, device, settings, rows)
