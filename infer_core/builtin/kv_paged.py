@@ -75,6 +75,8 @@ class PagedKVAllocator(KVAllocator):
 
     def allocate(self, seq_id: str, num_tokens: int, prefix: PrefixHit | None = None) -> list[int] | None:
         blocks = self.seq_blocks.get(seq_id)
+        if blocks is not None and num_tokens <= len(blocks) * self.block_size:
+            return []  # a decode step with room in its last block: the common case, kept cheap
         adopt = list(prefix.block_ids) if prefix and blocks is None else []
         have = (len(blocks) if blocks else 0) + len(adopt)
         needed = max(0, self.num_blocks_for(num_tokens) - have)
@@ -100,9 +102,11 @@ class PagedKVAllocator(KVAllocator):
     def cache_blocks(self, seq_id: str, token_ids: Sequence[int], num_computed_tokens: int) -> None:
         if not self.enable_prefix_caching:
             return
+        start = self.seq_num_cached.get(seq_id, 0)  # blocks before it were handled on earlier steps
+        if num_computed_tokens < (start + 1) * self.block_size:
+            return  # no block became full since the last call
         blocks = self.seq_blocks.get(seq_id, [])
         num_full = min(num_computed_tokens // self.block_size, len(blocks))
-        start = self.seq_num_cached.get(seq_id, 0)  # blocks before it were handled on earlier steps
         keys = self._keys(seq_id, token_ids, num_full)
         for i in range(start, num_full):
             block, key = blocks[i], keys[i]

@@ -95,6 +95,7 @@ class FCFSScheduler(Scheduler):
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_synced_tokens = 0
+        request.num_kv_slots = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.finished_ids.add(request.request_id)  # the runner drops its state; it is re-sent as new
@@ -120,33 +121,58 @@ class FCFSScheduler(Scheduler):
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         allocator = self.kv_allocator
+        block_size = allocator.block_size
+        caches_prefixes = allocator.enable_prefix_caching
+        max_model_len = self.config.max_model_len
+        lookahead = self.config.num_lookahead_tokens
+        cached_requests = out.cached_requests
+        num_scheduled_tokens = out.num_scheduled_tokens
+        running = RequestStatus.RUNNING
         preempted = False
         for request in list(self.running):
             if budget <= 0:
                 break
-            if request.status is not RequestStatus.RUNNING:
+            if request.status is not running:
                 continue  # preempted earlier in this loop
-            num_new, drafts = self._num_new_tokens(request, budget)
-            if num_new == 0:
-                continue
-            target = min(request.num_computed_tokens + num_new + self.config.num_lookahead_tokens,
-                         self.max_slots(request))
-            while (new_blocks := allocator.allocate(request.request_id, target)) is None:
-                # ``running`` is kept in age order (equal ages in arrival order), so its last is the
-                # newest, and never a request already placed in this step's batch, even when the
-                # n completions of one prompt share an age.
-                victim = self.running[-1]
-                self._preempt(victim)
-                preempted = True
-                if victim is request:
-                    break
-            if request.status is not RequestStatus.RUNNING:
-                continue
-            out.cached_requests.append(CachedRequestData(
-                request.request_id, request.all_token_ids[request.num_synced_tokens:], new_blocks,
-                request.num_computed_tokens,
-            ))
-            self._scheduled(out, request, num_new, drafts)
+            request_id = request.request_id
+            all_token_ids = request.all_token_ids
+            num_tokens = len(all_token_ids)
+            num_computed = request.num_computed_tokens
+            if num_tokens - num_computed == 1 and not request.spec_token_ids:
+                num_new, drafts = 1, None  # a plain decode step, the common case (budget > 0 here)
+            else:
+                num_new, drafts = self._num_new_tokens(request, budget)
+                if num_new == 0:
+                    continue
+            max_slots = min(request.num_prompt_tokens + request.max_tokens, max_model_len) - 1 + lookahead
+            target = min(num_computed + num_new + lookahead, max_slots)
+            if target <= request.num_kv_slots:
+                new_blocks = []  # room in its last block: nothing to ask the allocator
+            else:
+                while (new_blocks := allocator.allocate(request_id, target)) is None:
+                    # ``running`` is kept in age order (equal ages in arrival order), so its last is the
+                    # newest, and never a request already placed in this step's batch, even when the
+                    # n completions of one prompt share an age.
+                    victim = self.running[-1]
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is request:
+                        break
+                if request.status is not running:
+                    continue
+                request.num_kv_slots = allocator.num_blocks_for(target) * block_size
+            num_synced = request.num_synced_tokens
+            new_token_ids = [all_token_ids[-1]] if num_synced == num_tokens - 1 else all_token_ids[num_synced:]
+            cached_requests.append(CachedRequestData(request_id, new_token_ids, new_blocks, num_computed))
+            num_scheduled_tokens[request_id] = num_new
+            if drafts:
+                out.spec_token_ids[request_id] = list(drafts)
+            request.num_synced_tokens = num_tokens
+            # Earlier calls offered the allocator at least the first min(num_computed, num_synced) tokens;
+            # it is asked again only when a block became full since, else it would have nothing to do.
+            computed_after = min(num_computed + num_new, num_tokens)
+            if caches_prefixes and computed_after // block_size > min(num_computed, num_synced) // block_size:
+                allocator.cache_blocks(request_id, all_token_ids, computed_after)
             budget -= num_new
 
         while self.waiting and budget > 0 and not preempted and len(self.running) < self.config.max_num_seqs:
@@ -157,6 +183,7 @@ class FCFSScheduler(Scheduler):
             if allocator.allocate(request.request_id, prefix.num_tokens + num_new, prefix) is None:
                 request.num_computed_tokens = 0
                 break
+            request.num_kv_slots = allocator.num_blocks_for(prefix.num_tokens + num_new) * allocator.block_size
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             if request.num_cached_tokens < 0:
@@ -187,22 +214,31 @@ class FCFSScheduler(Scheduler):
     def update(self, output: SchedulerOutput, runner_output: RunnerOutput, accepted: dict[str, list[int]]):
         updates: list[RequestUpdate] = []
         max_len = self.config.max_model_len
+        requests, running = self.requests, RequestStatus.RUNNING
+        spec_token_ids, num_scheduled_tokens = output.spec_token_ids, output.num_scheduled_tokens
+        all_logprobs = runner_output.logprobs
         for index, request_id in enumerate(runner_output.request_ids):
-            request = self.requests.get(request_id)
-            if request is None or request.status is not RequestStatus.RUNNING:
+            request = requests.get(request_id)
+            if request is None or request.status is not running:
                 continue  # finished or preempted while the step ran
-            tokens = accepted.get(request_id, [])
-            spec = output.spec_token_ids.get(request_id, [])
-            rejected = len(spec) + 1 - len(tokens) if spec else 0
-            request.num_computed_tokens += output.num_scheduled_tokens[request_id] - rejected
-            new_tokens: list[int] = []
-            finished = False
-            for token in tokens:
-                new_tokens.append(token)
-                if request.append_output_token(token, max_len):
-                    finished = True
-                    break
-            logprobs = runner_output.logprobs[index] if runner_output.logprobs else None
+            tokens = accepted.get(request_id, ())
+            num_computed = num_scheduled_tokens[request_id]
+            spec = spec_token_ids.get(request_id) if spec_token_ids else None
+            if spec:
+                num_computed -= len(spec) + 1 - len(tokens)  # the rejected drafts
+            request.num_computed_tokens += num_computed
+            if len(tokens) == 1:  # a decode step
+                new_tokens = [tokens[0]]
+                finished = request.append_output_token(tokens[0], max_len)
+            else:
+                new_tokens = []
+                finished = False
+                for token in tokens:
+                    new_tokens.append(token)
+                    if request.append_output_token(token, max_len):
+                        finished = True
+                        break
+            logprobs = all_logprobs[index] if all_logprobs else None
             if logprobs is not None:
                 logprobs = logprobs[: len(new_tokens)]
             if finished:

@@ -8,9 +8,9 @@ never sees part of one.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from infer_core.engine.detokenizer import IncrementalDetokenizer
+from infer_core.engine.detokenizer import IncrementalDetokenizer, backend_decoder
 from infer_core.interfaces import RequestStatus, RequestUpdate, TokenLogprobs
 from infer_core.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from infer_core.sampling_params import SamplingParams
@@ -23,11 +23,10 @@ class _Sequence:
     output: CompletionOutput
     params: SamplingParams
     detokenizer: IncrementalDetokenizer | None
+    holdback: int = 0  # characters kept back from the stream while they could start a stop string
     num_emitted_chars: int = 0
-
-    @property
-    def holdback(self) -> int:
-        return max((len(s) for s in self.params.stop), default=1) - 1
+    # text decoded once at the end: the tokens of each step until then (None: decoded every step)
+    pending_steps: list[list[int]] | None = None
 
 
 @dataclass(slots=True)
@@ -39,19 +38,30 @@ class _Parent:
     metrics: RequestMetrics
     num_cached_tokens: int = 0
     finished_children: set[str] = field(default_factory=set)
+    # final-only: every step hands out this one live output instead of a snapshot
+    live_output: RequestOutput | None = None
 
     def to_output(self) -> RequestOutput:
-        outputs = [_snapshot(s.output) for s in sorted(self.sequences.values(), key=lambda s: s.output.index)]
+        finished = len(self.finished_children) == len(self.sequences)
+        live = self.live_output
+        if live is not None:
+            live.finished, live.num_cached_tokens = finished, self.num_cached_tokens
+            return live
+        if len(self.sequences) == 1:
+            outputs = [_snapshot(s.output) for s in self.sequences.values()]
+        else:
+            outputs = [_snapshot(s.output) for s in sorted(self.sequences.values(), key=lambda s: s.output.index)]
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outputs,
-                             finished=len(self.finished_children) == len(self.sequences),
-                             num_cached_tokens=self.num_cached_tokens, metrics=self.metrics)
+                             finished=finished, num_cached_tokens=self.num_cached_tokens, metrics=self.metrics)
 
 
 def _snapshot(output: CompletionOutput) -> CompletionOutput:
     """A copy to hand out: the live output changes on later steps, while a stream consumer may still
-    hold this step's (and read its delta) after the engine has moved on."""
-    return replace(output, token_ids=list(output.token_ids), delta_token_ids=list(output.delta_token_ids),
-                   logprobs=None if output.logprobs is None else list(output.logprobs))
+    hold this step's (and read its delta) after the engine has moved on. The delta list is shared:
+    the live output gets a new one every step and never changes it in place."""
+    logprobs = output.logprobs
+    return CompletionOutput(output.index, output.text, output.token_ids[:], output.finish_reason, output.stop_reason,
+                            None if logprobs is None else logprobs[:], output.delta_text, output.delta_token_ids)
 
 
 def _ended_on_stop_token(update: RequestUpdate) -> bool:
@@ -62,19 +72,44 @@ def _ended_on_stop_token(update: RequestUpdate) -> bool:
 class OutputProcessor:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
+        self.fast_decode = backend_decoder(tokenizer) if tokenizer is not None else None
         self.parents: dict[str, _Parent] = {}
         self.parent_of: dict[str, str] = {}  # child id -> parent id
 
     def add(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-            children: list[tuple[str, SamplingParams]], arrival_time: float) -> None:
+            children: list[tuple[str, SamplingParams]], arrival_time: float, *, final_only: bool = False) -> None:
+        """Track a request's completions; ``final_only``: see ``mark_final_only``."""
         sequences = {}
         for index, (child_id, params) in enumerate(children):
-            detok = (IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
+            detok = (IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens,
+                                            self.fast_decode)
                      if self.tokenizer is not None else None)
             output = CompletionOutput(index, logprobs=[] if params.logprobs is not None else None)
-            sequences[child_id] = _Sequence(output, params, detok)
+            holdback = max((len(s) for s in params.stop), default=1) - 1
+            sequences[child_id] = _Sequence(output, params, detok, holdback)
             self.parent_of[child_id] = request_id
-        self.parents[request_id] = _Parent(request_id, prompt, prompt_token_ids, sequences, RequestMetrics(arrival_time))
+        metrics = RequestMetrics(arrival_time)
+        self.parents[request_id] = _Parent(request_id, prompt, prompt_token_ids, sequences, metrics)
+        if final_only:
+            self.mark_final_only(request_id)
+
+    def mark_final_only(self, request_id: str) -> None:
+        """The caller reads only each step's ``delta_token_ids`` and the final output (``LLM.generate``).
+
+        Each step then hands out the request's one live RequestOutput instead of a copy, and the
+        text, where no stop string needs it earlier, is decoded once at the end (the same text, as
+        ``IncrementalDetokenizer.update_steps`` says): until the final output, ``text`` and
+        ``delta_text`` stay empty. Call it before the request's first step.
+        """
+        parent = self.parents[request_id]
+        by_index = sorted(parent.sequences.values(), key=lambda s: s.output.index)
+        parent.live_output = RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids,
+                                           [s.output for s in by_index], metrics=parent.metrics)
+        if self.fast_decode is None:
+            return  # a decoder that cleans up spaces may not give the same text at once: keep it per step
+        for seq in by_index:
+            if seq.detokenizer is not None and not seq.params.stop and not seq.output.token_ids:
+                seq.pending_steps = []
 
     def is_known(self, request_id: str) -> bool:
         """An id in use by a live request or by one of its completions."""
@@ -97,26 +132,45 @@ class OutputProcessor:
     def _apply(self, seq: _Sequence, update: RequestUpdate) -> bool:
         """Add the update's tokens and text; True when a stop string ended the sequence."""
         out, params = seq.output, seq.params
-        out.token_ids.extend(update.new_token_ids)
-        out.delta_token_ids = list(update.new_token_ids)
+        new_token_ids = update.new_token_ids
+        out.token_ids.extend(new_token_ids)
+        out.delta_token_ids = list(new_token_ids)
         if out.logprobs is not None and update.new_logprobs:
             out.logprobs.extend(self._logprobs(update.new_logprobs))
         stopped = False
         if seq.detokenizer is not None:
-            previous_len = len(out.text)
-            text_ids = update.new_token_ids
+            text_ids = new_token_ids
             if _ended_on_stop_token(update) and not params.include_stop_str_in_output:
                 text_ids = text_ids[:-1]  # as vLLM: the EOS / stop token id ends the text, it is not in it
+            if seq.pending_steps is not None:
+                seq.pending_steps.append(text_ids)
+                if not update.finished:
+                    out.delta_text = ""
+                    return False
+                out.text, out.delta_text = self._decode_pending(seq)
+                seq.num_emitted_chars = len(out.text)
+                out.finish_reason = update.request.status.finish_reason
+                out.stop_reason = update.request.stop_reason
+                return False
+            previous_len = len(out.text)
             out.text += seq.detokenizer.update(text_ids)
             if params.stop and len(out.token_ids) >= params.min_tokens:  # as vLLM: not within min_tokens
                 stopped = self._find_stop(seq, previous_len)
         if update.finished and not stopped:
             out.finish_reason = update.request.status.finish_reason
             out.stop_reason = update.request.stop_reason
-        upto = len(out.text) if out.finished else max(seq.num_emitted_chars, len(out.text) - seq.holdback)
-        out.delta_text = out.text[seq.num_emitted_chars : upto]
+        text = out.text
+        emitted = seq.num_emitted_chars
+        upto = len(text) if out.finish_reason is not None else max(emitted, len(text) - seq.holdback)
+        out.delta_text = text[emitted:upto]
         seq.num_emitted_chars = upto
         return stopped and not update.finished
+
+    @staticmethod
+    def _decode_pending(seq: _Sequence) -> tuple[str, str]:
+        """A final-only sequence's text and last delta, decoded from the steps it held back."""
+        steps, seq.pending_steps = seq.pending_steps, None
+        return seq.detokenizer.update_steps(steps)
 
     def _find_stop(self, seq: _Sequence, previous_len: int) -> bool:
         out = seq.output
@@ -137,26 +191,31 @@ class OutputProcessor:
         now = time.monotonic()
         touched: dict[str, _Parent] = {}
         stopped: list[str] = []
+        parents, parent_of = self.parents, self.parent_of
         for update in updates:
-            child_id = update.request.request_id
-            parent = self.parents.get(self.parent_of.get(child_id, ""))
+            request = update.request
+            child_id = request.request_id
+            parent = parents.get(parent_of.get(child_id, ""))
             if parent is None:
                 continue
-            for seq in parent.sequences.values():
-                if parent.request_id not in touched:
-                    seq.output.delta_text, seq.output.delta_token_ids = "", []
-            seq = parent.sequences[child_id]
+            sequences = parent.sequences
+            if parent.request_id not in touched:
+                touched[parent.request_id] = parent
+                if len(sequences) > 1:  # a lone sequence's deltas are set by _apply
+                    for seq in sequences.values():
+                        seq.output.delta_text, seq.output.delta_token_ids = "", []
+            seq = sequences[child_id]
             if self._apply(seq, update):
                 stopped.append(child_id)
-            if seq.output.finished:
+            if seq.output.finish_reason is not None:
                 parent.finished_children.add(child_id)
-            if parent.metrics.first_token_time is None and update.new_token_ids:
-                parent.metrics.first_token_time = now
-                parent.metrics.first_scheduled_time = update.request.first_scheduled_time
-                parent.num_cached_tokens = max(update.request.num_cached_tokens, 0)
             if update.new_token_ids:
-                parent.metrics.last_token_time = now
-            touched[parent.request_id] = parent
+                metrics = parent.metrics
+                if metrics.first_token_time is None:
+                    metrics.first_token_time = now
+                    metrics.first_scheduled_time = request.first_scheduled_time
+                    parent.num_cached_tokens = max(request.num_cached_tokens, 0)
+                metrics.last_token_time = now
         return [self._finish_if_done(p, now) for p in touched.values()], stopped
 
     def _finish_if_done(self, parent: _Parent, now: float) -> RequestOutput:
@@ -177,6 +236,9 @@ class OutputProcessor:
         if parent is None:
             return None
         for child_id, seq in parent.sequences.items():
+            if seq.pending_steps is not None:
+                seq.output.text = self._decode_pending(seq)[0]
+                seq.num_emitted_chars = len(seq.output.text)
             seq.output.delta_text, seq.output.delta_token_ids = "", []
             if not seq.output.finished:
                 seq.output.finish_reason = RequestStatus.FINISHED_ABORTED.finish_reason

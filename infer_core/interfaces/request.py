@@ -45,20 +45,20 @@ class Request:
     all_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_synced_tokens: int = 0  # tokens the runner has been sent so far
+    num_kv_slots: int = 0  # KV slots the scheduler knows the allocator holds for it (0 while it holds none)
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
     num_preemptions: int = 0
     num_cached_tokens: int = -1  # prefix-cache hit at first scheduling (-1: not yet scheduled)
     spec_token_ids: list[int] = field(default_factory=list)
     first_scheduled_time: float | None = None
+    # the prompt never changes: its length is read every step, so it is kept, not recounted
+    num_prompt_tokens: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
             self.all_token_ids = list(self.prompt_token_ids)
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+        self.num_prompt_tokens = len(self.prompt_token_ids)
 
     @property
     def num_tokens(self) -> int:
@@ -66,11 +66,11 @@ class Request:
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.all_token_ids) - len(self.prompt_token_ids)
+        return len(self.all_token_ids) - self.num_prompt_tokens
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.all_token_ids[len(self.prompt_token_ids):]
+        return self.all_token_ids[self.num_prompt_tokens:]
 
     @property
     def is_finished(self) -> bool:
@@ -78,9 +78,12 @@ class Request:
 
     def append_output_token(self, token_id: int, max_model_len: int) -> bool:
         """Append one generated token; return True when it ends the request (status set)."""
-        self.all_token_ids.append(token_id)
+        all_token_ids = self.all_token_ids
+        all_token_ids.append(token_id)
+        num_tokens = len(all_token_ids)
+        num_output_tokens = num_tokens - self.num_prompt_tokens
         params = self.sampling_params
-        if self.num_output_tokens >= params.min_tokens:
+        if num_output_tokens >= params.min_tokens:
             if not params.ignore_eos and token_id in self.eos_token_ids:
                 self.status = RequestStatus.FINISHED_STOPPED
                 return True
@@ -88,7 +91,7 @@ class Request:
                 self.status = RequestStatus.FINISHED_STOPPED
                 self.stop_reason = token_id
                 return True
-        if self.num_output_tokens >= self.max_tokens or self.num_tokens >= max_model_len:
+        if num_output_tokens >= self.max_tokens or num_tokens >= max_model_len:
             self.status = RequestStatus.FINISHED_LENGTH
             return True
         return False

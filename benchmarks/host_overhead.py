@@ -1,0 +1,165 @@
+"""Host (Python) time of one decode step, without the model: what the engine costs around the GPU.
+
+A tiny model (1 layer, vocab 2048) on the CPU, R requests all decoding (R = 1, 32, 256). Each
+measured step's host time is ``Engine.step`` less the executor's ``execute`` (the forward and the
+sampler); ``schedule``, ``update`` and ``process`` (the output processor) are timed on their own.
+Timers are wrapped around the engine's parts here, in the benchmark; the engine is not edited.
+
+Two ways of adding requests: ``stream`` as the server does (incremental text every step) and
+``offline`` as ``LLM.generate`` does. The model folder gets the default model's tokenizer when
+it is installed, so text is decoded as for a real model (the row says which tokenizer).
+
+Each figure is the mean over ``--steps`` steps; the run is repeated ``--repeats`` times and the
+smallest mean is kept (the machine may be shared: the minimum is the least disturbed run).
+
+    python -m benchmarks.host_overhead [--out DIR] [--repeats 5] [--steps 64]
+    PYTHONPATH=/tmp/host-before python -m benchmarks.host_overhead --label before --no-write
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import write_result
+
+NUM_RUNNING = (1, 32, 256)
+PROMPT_LEN = 128
+WARMUP_STEPS = 8  # decode steps after the prefill before the clock starts
+PARTS = ("schedule", "update", "process", "execute")
+
+
+def _tiny_model(folder: Path) -> tuple[Path, str | None]:
+    """A 1-layer, vocab-2048 Qwen3 checkpoint with the default model's tokenizer if it is installed."""
+    from infer_core.testing import make_tiny_checkpoint
+
+    path = make_tiny_checkpoint("qwen3", folder / "model", vocab_size=2048, hidden_size=32, intermediate_size=64,
+                                num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_hidden_layers=1,
+                                max_position_embeddings=4096)
+    try:
+        from transformers import AutoTokenizer
+
+        from infer_core.models.source import default_model_source
+
+        source = default_model_source()
+        AutoTokenizer.from_pretrained(str(source.path), gguf_file=source.gguf_file).save_pretrained(path)
+        return path, source.name
+    except Exception:  # no default model here: outputs carry token ids only
+        return path, None
+
+
+class _Clock:
+    """Adds up the wall time of one bound method, replaced on its instance."""
+
+    def __init__(self, owner, name: str) -> None:
+        self.seconds = 0.0
+        inner = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        setattr(owner, name, timed)
+
+
+def _add(engine, mode: str, prompt: list[int], params) -> str:
+    request_id = engine.add_request(None, prompt, params)
+    if mode == "offline":
+        # As LLM.generate does; a tree from before final-only outputs has no such call, and there
+        # LLM.generate streamed like the server (so the figure is still what LLM.generate cost).
+        mark = getattr(engine.outputs, "mark_final_only", None)
+        if mark is not None:
+            mark(request_id)
+    return request_id
+
+
+def _one_run(engine, clocks: dict[str, _Clock], mode: str, num_running: int, steps: int, seed: int) -> dict:
+    from infer_core import SamplingParams
+
+    rng = random.Random(seed)
+    params = SamplingParams(temperature=0, max_tokens=WARMUP_STEPS + steps + 8, ignore_eos=True)
+    ids = [_add(engine, mode, [rng.randrange(3, 2048) for _ in range(PROMPT_LEN)], params)
+           for _ in range(num_running)]
+    while engine.scheduler.stats().num_waiting or any(
+            engine.scheduler.get(i).num_computed_tokens < PROMPT_LEN for i in ids):
+        engine.step()  # prefill
+    for _ in range(WARMUP_STEPS):
+        engine.step()
+    gc.collect()
+    for clock in clocks.values():
+        clock.seconds = 0.0
+    start = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    total = time.perf_counter() - start
+    for request_id in ids:
+        engine.abort(request_id)
+    assert not engine.has_unfinished_requests()
+    per_step = {name: clock.seconds / steps * 1e6 for name, clock in clocks.items()}
+    per_step["step"] = total / steps * 1e6
+    per_step["host"] = per_step["step"] - per_step["execute"]
+    return per_step
+
+
+def measure(label: str, repeats: int, steps: int) -> tuple[list[dict], dict]:
+    import torch
+
+    from infer_core import LLM
+
+    torch.set_num_threads(1)  # the forward is excluded anyway; one thread disturbs a shared machine least
+    with tempfile.TemporaryDirectory() as tmp:
+        path, tokenizer = _tiny_model(Path(tmp))
+        llm = LLM(str(path), device="cpu", max_num_seqs=max(NUM_RUNNING), max_num_batched_tokens=16384,
+                  max_model_len=PROMPT_LEN + WARMUP_STEPS + steps + 64, enable_prefix_caching=True)
+        engine = llm.engine
+        clocks = {"schedule": _Clock(engine.scheduler, "schedule"), "update": _Clock(engine.scheduler, "update"),
+                  "process": _Clock(engine.outputs, "process"), "execute": _Clock(engine.executor, "execute")}
+        settings = {"model": "tiny qwen3: 1 layer, hidden 32, vocab 2048", "tokenizer": tokenizer,
+                    "prompt_len": PROMPT_LEN, "warmup_decode_steps": WARMUP_STEPS, "measured_steps": steps,
+                    "repeats": repeats, "block_size": engine.config.block_size, "enable_prefix_caching": True,
+                    "figure": "µs per decode step, min over repeats of the mean over measured steps; "
+                              "host_us = step_us - execute_us"}
+        rows = []
+        for mode in ("stream", "offline"):
+            for num_running in NUM_RUNNING:
+                runs = [_one_run(engine, clocks, mode, num_running, steps, seed=r) for r in range(repeats)]
+                row = {"system": "infer", "label": label, "mode": mode, "num_running": num_running}
+                for key in ("host", *PARTS, "step"):
+                    row[f"{key}_us"] = round(min(run[key] for run in runs), 1)
+                row["host_us_runs"] = [round(run["host"], 1) for run in runs]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        llm.shutdown()
+    return rows, settings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--label", default="after", help="names the tree measured (before/after a change)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--merge", type=Path, help="a JSON of rows (from --rows-out) to put before this run's rows")
+    parser.add_argument("--rows-out", type=Path, help="also write this run's rows alone to this file")
+    parser.add_argument("--no-write", action="store_true", help="print rows only; write no result file")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder for the result JSON (default: benchmarks/results)")
+    args = parser.parse_args()
+    rows, settings = measure(args.label, args.repeats, args.steps)
+    if args.rows_out:
+        args.rows_out.write_text(json.dumps(rows, indent=2) + "\n")
+    if args.merge:
+        rows = json.loads(args.merge.read_text()) + rows
+    if not args.no_write:
+        print(write_result("host-overhead", settings, rows, args.out))
+
+
+if __name__ == "__main__":
+    main()
