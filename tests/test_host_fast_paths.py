@@ -77,6 +77,16 @@ def tokenizer():
     return tokenizer
 
 
+def test_backend_decoder_decodes_as_the_tokenizer(tokenizer):
+    fast = backend_decoder(tokenizer)
+    rng = random.Random(0)
+    assert all(fast([t], skip_special_tokens=False) == tokenizer.decode([t]) for t in range(len(tokenizer)))
+    for _ in range(500):
+        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randrange(1, 12))] + [EOS]
+        for skip in (False, True):
+            assert fast(ids, skip_special_tokens=skip) == tokenizer.decode(ids, skip_special_tokens=skip)
+
+
 def _fields_now(output):
     c = output.outputs[0]
     return (c.text, c.delta_text, list(c.token_ids), list(c.delta_token_ids), c.finish_reason, c.stop_reason,

@@ -119,8 +119,13 @@ class OutputProcessor:
         parent = self.parents.get(request_id)
         return [] if parent is None else [c for c in parent.sequences if c not in parent.finished_children]
 
+    def _decode_token(self, token_id: int) -> str | None:
+        if self.fast_decode is not None:
+            return self.fast_decode([token_id], skip_special_tokens=False)  # tokenizer.decode's default
+        return None if self.tokenizer is None else self.tokenizer.decode([token_id])
+
     def _logprobs(self, entries: list[TokenLogprobs]) -> list[dict[int, Logprob]]:
-        decode = (lambda t: self.tokenizer.decode([t])) if self.tokenizer is not None else (lambda t: None)
+        decode = self._decode_token
         result = []
         for e in entries:
             d = {e.token_id: Logprob(e.logprob, e.rank, decode(e.token_id))}
