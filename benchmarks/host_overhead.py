@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import write_result
+from benchmarks.common import commit, write_result
 
 NUM_RUNNING = (1, 32, 256)
 PROMPT_LEN = 128
@@ -127,11 +127,11 @@ def measure(label: str, repeats: int, steps: int) -> tuple[list[dict], dict]:
                     "repeats": repeats, "block_size": engine.config.block_size, "enable_prefix_caching": True,
                     "figure": "µs per decode step, min over repeats of the mean over measured steps; "
                               "host_us = step_us - execute_us"}
-        rows = []
+        rows, tree = [], commit()
         for mode in ("stream", "offline"):
             for num_running in NUM_RUNNING:
                 runs = [_one_run(engine, clocks, mode, num_running, steps, seed=r) for r in range(repeats)]
-                row = {"system": "infer", "label": label, "mode": mode, "num_running": num_running}
+                row = {"system": "infer", "label": label, "commit": tree, "mode": mode, "num_running": num_running}
                 for key in ("host", *PARTS, "step"):
                     row[f"{key}_us"] = round(min(run[key] for run in runs), 1)
                 row["host_us_runs"] = [round(run["host"], 1) for run in runs]
