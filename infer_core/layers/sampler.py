@@ -166,8 +166,12 @@ def _sample_fused(logits: torch.Tensor, batch: SamplingBatch, is_greedy: torch.T
                                 threshold, num_ties)
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch, use_fused: bool = True) -> SamplerOutput:
-    """Sample one token per row of ``logits`` [R, V]; ``use_fused=False`` forces the torch path."""
+def sample(logits: torch.Tensor, batch: SamplingBatch, use_fused: bool | None = None) -> SamplerOutput:
+    """Sample one token per row of ``logits`` [R, V].
+
+    ``use_fused``: None picks the fused kernel on CUDA when triton is installed; False forces the
+    torch path; True forces the kernel (on CPU tensors too, under ``TRITON_INTERPRET=1``).
+    """
     logits = logits.float()
     out = SamplerOutput(token_ids=torch.empty(0))
     raw_logprobs = logits.log_softmax(dim=-1) if batch.max_num_logprobs is not None else None
@@ -175,7 +179,11 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, use_fused: bool = True) -
         rows, cols = batch.banned
         logits = logits.index_put((rows, cols), torch.tensor(float("-inf"), device=logits.device))
     logits = apply_penalties(logits, batch)
-    kernels = _fused_kernels() if use_fused and logits.is_cuda else None
+    kernels = None
+    if use_fused or (use_fused is None and logits.is_cuda):
+        kernels = _fused_kernels()
+        if kernels is None and use_fused:
+            raise RuntimeError("sample(use_fused=True) needs triton: pip install triton")
     if batch.all_greedy:
         token_ids = logits.argmax(dim=-1)
     elif kernels is not None:

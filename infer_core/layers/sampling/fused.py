@@ -21,12 +21,6 @@ _TARGET_PROGRAMS = 528  # enough programs to fill an H100/H200 (132 SMs) a few t
 
 
 @triton.jit
-def _slice_bounds(split, vocab_size, SLICE: tl.constexpr):
-    start = split * SLICE
-    return start, tl.minimum(start + SLICE, vocab_size)
-
-
-@triton.jit
 def _count_ties_kernel(logits_ptr, stride, temperature_ptr, threshold_ptr, counts_ptr, vocab_size, num_splits,
                        MIN_TEMPERATURE: tl.constexpr, SLICE: tl.constexpr, BLOCK: tl.constexpr):
     """counts[row, split] = tokens of the slice whose scaled logit equals the row's threshold."""
@@ -34,13 +28,15 @@ def _count_ties_kernel(logits_ptr, stride, temperature_ptr, threshold_ptr, count
     temperature = tl.load(temperature_ptr + row)
     temperature = tl.where(temperature < MIN_TEMPERATURE, 1.0, temperature)
     threshold = tl.load(threshold_ptr + row)
-    start, end = _slice_bounds(split, vocab_size, SLICE)
+    start = split * SLICE  # slices are whole blocks: only the vocabulary's end needs a mask
     count = tl.zeros((), dtype=tl.int32)
-    for block_start in range(start, end, BLOCK):
+    for block in range(SLICE // BLOCK):  # constant bounds (older interpreters reject a tensor bound)
+        block_start = start + block * BLOCK
         offs = block_start + tl.arange(0, BLOCK)
-        logits = tl.load(logits_ptr + row.to(tl.int64) * stride + offs, mask=offs < end, other=float("-inf"))
+        in_vocab = offs < vocab_size
+        logits = tl.load(logits_ptr + row.to(tl.int64) * stride + offs, mask=in_vocab, other=float("-inf"))
         z = tl.math.div_rn(logits, tl.full((BLOCK,), 1.0, tl.float32) * temperature)
-        count += tl.sum(((z == threshold) & (offs < end)).to(tl.int32), axis=0)
+        count += tl.sum(((z == threshold) & in_vocab).to(tl.int32), axis=0)
     tl.store(counts_ptr + row * num_splits + split, count)
 
 
@@ -62,12 +58,13 @@ def _sample_kernel(logits_ptr, stride, temperature_ptr, min_p_ptr, row_max_ptr, 
         threshold = tl.load(threshold_ptr + row)
         num_ties = tl.load(num_ties_ptr + row)
         ties_seen = tl.load(ties_before_ptr + row * num_splits + split)
-    start, end = _slice_bounds(split, vocab_size, SLICE)
+    start = split * SLICE  # slices are whole blocks: only the vocabulary's end needs a mask
     best = tl.full((), float("-inf"), tl.float32)
     best_token = tl.zeros((), dtype=tl.int64)
-    for block_start in range(start, end, BLOCK):
+    for block in range(SLICE // BLOCK):  # constant bounds (older interpreters reject a tensor bound)
+        block_start = start + block * BLOCK
         offs = block_start + tl.arange(0, BLOCK)
-        in_slice = offs < end
+        in_slice = offs < vocab_size
         logits = tl.load(logits_ptr + row.to(tl.int64) * stride + offs, mask=in_slice, other=float("-inf"))
         z = tl.math.div_rn(logits, tl.full((BLOCK,), 1.0, tl.float32) * temperature)
         keep = in_slice

@@ -55,7 +55,7 @@ def top_k_top_p_cut(logits: torch.Tensor, temperature: torch.Tensor, top_k: torc
     only that many leading values are found, with ``topk``); None sorts whole rows.
     """
     vocab_size = logits.shape[1]
-    if max_top_k is not None and max_top_k < vocab_size:
+    if max_top_k is not None and 0 < max_top_k < vocab_size:
         # topk on the raw logits has the same leading values as on z (division by t > 0 keeps order)
         values = logits.topk(max_top_k, dim=1, sorted=True).values
         sorted_z = values / temperature.unsqueeze(1)

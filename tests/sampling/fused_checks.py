@@ -1,0 +1,113 @@
+"""Checks of the fused sampling kernel against the torch path, shared by two test files.
+
+``test_fused_interpreted.py`` runs them on the CPU in a subprocess with ``TRITON_INTERPRET=1``
+(small shapes, so the core test process never turns the interpreter on), ``test_fused_gpu.py``
+runs them on CUDA at real shapes. Run directly: ``python tests/sampling/fused_checks.py NAME``.
+
+Seeded rows get the same Philox noise on both paths, so the fused kernel must pick exactly the
+token the reference picks (argmax of ``p / q`` there, of ``z - log q`` here).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from infer_core.layers.sampler import SamplingBatch, sample
+from infer_core.layers.sampling.philox import seed_key
+
+
+def _batch(num_rows: int, generator: torch.Generator, device: str, *, top_k: bool, top_p: bool, min_p: bool,
+           vocab: int) -> SamplingBatch:
+    temperature = torch.rand(num_rows, generator=generator) * 1.2 + 0.2
+    temperature[::6] = 0.0  # greedy rows between sampled ones
+    batch = SamplingBatch(temperature=temperature.to(device), all_greedy=False,
+                          seeds=torch.randint(-(2**62), 2**62, (num_rows,), generator=generator).to(device),
+                          positions=torch.randint(0, 5000, (num_rows,), generator=generator).to(device),
+                          is_seeded=torch.ones(num_rows, dtype=torch.bool, device=device))
+    if top_k:
+        k = torch.randint(1, min(vocab, 60), (num_rows,), generator=generator)
+        k[::4] = 0
+        batch.top_k = k.to(device)
+        batch.max_top_k = None if top_p else int(k.max())
+    if top_p:
+        batch.top_p = (torch.rand(num_rows, generator=generator) * 0.9 + 0.1).to(device)
+        batch.top_p[::5] = 1.0
+    if min_p:
+        batch.min_p = (torch.rand(num_rows, generator=generator) * 0.3).to(device)
+        batch.min_p[::3] = 0.0
+    return batch
+
+
+def _logits(num_rows: int, vocab: int, generator: torch.Generator, device: str) -> torch.Tensor:
+    logits = torch.randn(num_rows, vocab, generator=generator) * 3
+    logits[1::3] = torch.randint(-3, 4, (len(logits[1::3]), vocab), generator=generator).float()  # exact ties
+    return logits.to(device)
+
+
+def check_matches_reference(device: str, num_rows: int, vocab: int) -> None:
+    generator = torch.Generator().manual_seed(num_rows * 7919 + vocab)
+    logits = _logits(num_rows, vocab, generator, device)
+    for features in ({}, dict(top_k=True), dict(top_p=True), dict(top_k=True, top_p=True), dict(min_p=True),
+                     dict(top_k=True, top_p=True, min_p=True)):
+        flags = dict(dict(top_k=False, top_p=False, min_p=False), **features)
+        batch = _batch(num_rows, generator, device, vocab=vocab, **flags)
+        fused = sample(logits, batch, use_fused=True).token_ids
+        reference = sample(logits, batch, use_fused=False).token_ids
+        mismatched = (fused != reference).nonzero().flatten().tolist()
+        assert not mismatched, f"{features}: rows {mismatched[:8]} differ: {fused[mismatched[:8]].tolist()} " \
+                               f"vs {reference[mismatched[:8]].tolist()}"
+
+
+def check_ties_across_slices(device: str, vocab: int) -> None:
+    """A top-k that cuts through a tie spread over the whole row (and over the kernel's slices)."""
+    generator = torch.Generator().manual_seed(5)
+    num_rows = 3
+    logits = torch.randint(0, 2, (num_rows, vocab), generator=generator).float().to(device)
+    for trial in range(4):
+        top_k = torch.tensor([vocab // 3, vocab // 2 + trial, 7 + trial], device=device)
+        batch = SamplingBatch(temperature=torch.ones(num_rows, device=device), all_greedy=False, top_k=top_k,
+                              max_top_k=int(top_k.max()),
+                              seeds=torch.tensor([seed_key(trial * 10 + r) for r in range(num_rows)], device=device),
+                              positions=torch.zeros(num_rows, dtype=torch.int64, device=device),
+                              is_seeded=torch.ones(num_rows, dtype=torch.bool, device=device))
+        fused = sample(logits, batch, use_fused=True).token_ids
+        reference = sample(logits, batch, use_fused=False).token_ids
+        assert torch.equal(fused, reference), (trial, fused.tolist(), reference.tolist())
+
+
+def check_seeded_rows_ignore_the_batch(device: str, vocab: int) -> None:
+    """Seeded rows alone, and reversed among unseeded rows of other settings (other slice counts too)."""
+    generator = torch.Generator().manual_seed(3)
+    num_seeded = 4
+    logits = _logits(num_seeded, vocab, generator, device)
+    seeds = torch.tensor([seed_key(s) for s in (11, -5, 2**40, 99)], device=device)
+    positions = torch.tensor([0, 7, 3, 100], device=device)
+    temperature = torch.tensor([0.8, 1.0, 1.3, 0.6], device=device)
+    top_k = torch.tensor([0, 20, 0, 40], device=device)
+
+    def seeded_batch(rows, where):
+        batch = SamplingBatch(temperature=torch.rand(rows, generator=generator).to(device) + 0.5, all_greedy=False,
+                              top_k=torch.randint(0, 30, (rows,), generator=generator).to(device), max_top_k=40,
+                              seeds=torch.zeros(rows, dtype=torch.int64, device=device),
+                              positions=torch.zeros(rows, dtype=torch.int64, device=device),
+                              is_seeded=torch.zeros(rows, dtype=torch.bool, device=device))
+        for i, row in enumerate(where):
+            batch.temperature[row], batch.top_k[row] = temperature[i], top_k[i]
+            batch.seeds[row], batch.positions[row], batch.is_seeded[row] = seeds[i], positions[i], True
+        return batch
+
+    alone = sample(logits, seeded_batch(num_seeded, list(range(num_seeded))), use_fused=True).token_ids
+    for rows in (9, 40):
+        where = list(range(rows - 1, 0, -(rows // num_seeded)))[:num_seeded]
+        mixed_logits = _logits(rows, vocab, generator, device)
+        mixed_logits[where] = logits
+        mixed = sample(mixed_logits, seeded_batch(rows, where), use_fused=True).token_ids[where]
+        assert torch.equal(mixed, alone), (rows, mixed.tolist(), alone.tolist())
+
+
+if __name__ == "__main__":
+    name, *args = sys.argv[1:]
+    globals()[f"check_{name}"]("cuda" if torch.cuda.is_available() else "cpu", *map(int, args))
+    print("ok")

@@ -1,0 +1,31 @@
+"""The fused sampling kernel in Triton's interpreter on the CPU, at small shapes.
+
+Each check runs in a subprocess with ``TRITON_INTERPRET=1``: the interpreter must not be switched
+on for the whole core test process (kernels decorated after that would all be interpreted).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+CHECKS = Path(__file__).with_name("fused_checks.py")
+
+
+@pytest.mark.parametrize("check", [
+    ["matches_reference", "48", "700"],  # one slice per row
+    ["matches_reference", "2", "9000"],  # several slices per row
+    ["ties_across_slices", "20000"],
+    ["seeded_rows_ignore_the_batch", "12000"],
+], ids=lambda c: "-".join(c))
+def test_fused_kernel_interpreted(check):
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    result = subprocess.run([sys.executable, str(CHECKS), *check], capture_output=True, text=True, env=env,
+                            timeout=600)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
