@@ -55,14 +55,14 @@ def tiny_folder(tmp_path_factory):
 @pytest.mark.slow
 def test_latency_command_writes_one_record_with_every_system(tiny_folder, tmp_path, capsys):
     code = main(["bench", "latency", "--model", str(tiny_folder), "--device", "cpu", "--dtype", "float32",
-                 "--prompt-len", "16", "--new-tokens", "6", "--repeats", "2", "--attention", "torch",
+                 "--prompt-len", "16", "--new-tokens", "32", "--repeats", "2", "--attention", "torch",
                  "--peers", "hf-generate-static", "floor", "--profile", "--profile-steps", "3", "--profile-skip", "1",
                  "--out", str(tmp_path)])
     assert code == 0, capsys.readouterr().out
     [path] = tmp_path.glob("decode-latency-*.json")
     record = json.loads(path.read_text())
     assert record["benchmark"] == "decode-latency"
-    assert record["settings"]["prompt_len"] == 16 and record["settings"]["new_tokens"] == 6
+    assert record["settings"]["prompt_len"] == 16 and record["settings"]["new_tokens"] == 32
     assert record["settings"]["max_model_len"] == 1024  # the tiny model's limit, under the 4096 default
     infer, hf, floor = record["results"]
     assert (infer["system"], hf["system"], floor["system"]) == ("infer", "hf-generate-static", "floor")
@@ -109,3 +109,25 @@ def test_throughput_peer_is_not_a_latency_peer(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "latency", "--peers", "hf-generate-batch"])
     assert "hf-generate-static" in capsys.readouterr().err
+
+
+def test_gpu_busy_is_the_union_of_device_activity_inside_the_window():
+    """Overlapping kernels count once, work outside the window is clipped, GPU-side ranges are no work."""
+    from infer_core.bench.step_profile import summarize_trace
+
+    events = [
+        {"cat": "user_annotation", "name": "infer.bench.window", "ts": 1000.0, "dur": 100.0},
+        {"cat": "user_annotation", "name": "infer.forward", "ts": 1001.0, "dur": 30.0},
+        {"cat": "user_annotation", "name": "infer.forward", "ts": 1051.0, "dur": 30.0},
+        {"cat": "kernel", "name": "gemm", "ts": 1010.0, "dur": 20.0},
+        {"cat": "kernel", "name": "rmsnorm", "ts": 1025.0, "dur": 10.0},  # overlaps gemm by 5
+        {"cat": "gpu_memcpy", "name": "DtoH", "ts": 1095.0, "dur": 10.0},  # half outside the window
+        {"cat": "gpu_user_annotation", "name": "infer.forward", "ts": 1000.0, "dur": 100.0},
+        {"cat": "kernel", "name": "before", "ts": 900.0, "dur": 50.0},
+    ]
+    breakdown = summarize_trace(events, num_steps=2)
+    assert breakdown["wall_ms_per_step"] == pytest.approx(0.05)
+    assert breakdown["host_ranges"]["infer.forward"] == {"count": 2, "ms_per_step": 0.03}
+    assert breakdown["gpu_busy_ms_per_step"] == pytest.approx((25 + 5) / 2e3)
+    assert breakdown["gpu_idle_ms_per_step"] == pytest.approx((100 - 30) / 2e3)
+    assert breakdown["gpu_busy_fraction"] == pytest.approx(0.3)

@@ -9,9 +9,14 @@
   It runs outside ``torch.inference_mode``: its cache tensors are updated in place later.
 - ``hf-generate-static``: ``generate`` with a static cache (a ``StaticCache`` passed in, the
   guide's second way; ``cache_implementation="static"`` builds the same per call) and the forward
-  compiled as transformers' "Optimizing inference" guide does it
-  (``torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)``), greedy, batch 1.
-  On the CPU the forward stays eager (the row says so): compiling there takes minutes.
+  compiled with the guide's options (``mode="reduce-overhead", fullgraph=True``), greedy, batch 1.
+  Compiling ``model.forward`` by hand, as the guide shows, fails in transformers 5.17 (the prefill
+  then runs in a CUDA graph that allocates the cache, and the next replay overwrites it), so the
+  options go to ``generate`` as a ``CompileConfig``: 5.x then compiles the forward of the decode
+  steps itself. The cache's tensors are marked as static addresses before the first compile (5.23
+  does it for all of them, 5.17 not for ``cumulative_length``, which makes torch.compile skip the
+  CUDA graphs: "skipping cudagraphs due to mutated inputs"). On the CPU the forward stays eager
+  (the row says so): compiling there takes minutes.
 """
 
 from __future__ import annotations
@@ -124,18 +129,19 @@ def generate_static_row(folder: str, prompt: list[int], new_tokens: int, repeats
                         device: str) -> dict[str, Any]:
     """Batch-1 greedy latency of ``generate`` with a static cache and a compiled forward (on CUDA).
 
-    Two warm-up calls compile the prefill and decode graphs; each timed call is preceded by a
-    ``max_new_tokens=1`` call that gives its time to first token.
+    Two warm-up calls compile and capture the decode graph; each timed call is preceded by a
+    ``max_new_tokens=1`` call that gives its time to first token (the eager prefill).
     """
     import transformers
-    from transformers import StaticCache
+    from transformers import CompileConfig, StaticCache
 
     started = time.perf_counter()
     model = build_model(folder, dtype, device, "sdpa")
+    # transformers 5.x compiles the forward itself for the decode steps of a static cache on a GPU
+    # (the prefill stays eager, and creates the cache's tensors outside the CUDA graphs); these
+    # are the guide's options: torch.compile(forward, mode="reduce-overhead", fullgraph=True).
+    compile_config = CompileConfig(fullgraph=True, mode="reduce-overhead")
     compiled = torch.device(device).type == "cuda"
-    if compiled:
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-        model.generation_config.disable_compile = True  # the forward above is the one compiled, not __call__ again
     # One static cache for every call, reset in place: the 1-token calls that time the prefill
     # then leave the compiled graphs' cache tensors where they were (a new size would re-record).
     cache = StaticCache(config=model.config, max_cache_len=len(prompt) + new_tokens)
@@ -143,17 +149,23 @@ def generate_static_row(folder: str, prompt: list[int], new_tokens: int, repeats
     attention_mask = torch.ones_like(input_ids)
     startup_s = time.perf_counter() - started
 
-    def generate(max_new_tokens: int) -> float:
+    def generate(max_new_tokens: int, compile: bool = compiled) -> float:
         cache.reset()
         _sync()
         began = time.perf_counter()
         out = model.generate(input_ids, attention_mask=attention_mask, past_key_values=cache, do_sample=False,
-                             max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, pad_token_id=0)
+                             max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, pad_token_id=0,
+                             compile_config=compile_config, disable_compile=not compile)
         _sync()
         if out.shape[1] != len(prompt) + max_new_tokens:
             raise RuntimeError(f"hf-generate-static returned {out.shape[1] - len(prompt)} tokens, not {max_new_tokens}")
         return time.perf_counter() - began
 
+    generate(1, compile=False)  # creates the cache's tensors, eagerly, before anything is compiled
+    for layer in cache.layers:  # 5.17 leaves cumulative_length unmarked, and its graphs are then skipped
+        for name in ("keys", "values", "cumulative_length"):
+            if isinstance(getattr(layer, name, None), torch.Tensor):
+                torch._dynamo.mark_static_address(getattr(layer, name))
     warmup_s = [generate(new_tokens) for _ in range(2)]
     e2e, ttft = [], []
     for _ in range(repeats):

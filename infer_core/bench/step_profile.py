@@ -8,6 +8,8 @@ idle is the rest of the window's wall time. All times come from the profiler's o
 
 from __future__ import annotations
 
+import json
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,8 +21,8 @@ WINDOW_RANGE = "infer.bench.window"
 _DEVICE_ACTIVITIES = {"kernel", "gpu_memcpy", "gpu_memset"}
 
 
-def _union_ns(intervals: list[tuple[int, int]]) -> int:
-    total, end = 0, None
+def _union(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, None
     for start, stop in sorted(intervals):
         if end is None or start > end:
             total += stop - start
@@ -31,45 +33,49 @@ def _union_ns(intervals: list[tuple[int, int]]) -> int:
     return total
 
 
-def summarize_events(events, num_steps: int) -> dict[str, Any]:
-    """The breakdown from kineto events (``prof.profiler.kineto_results.events()``)."""
-    window = [e for e in events if e.name() == WINDOW_RANGE and e.activity_type() == "user_annotation"]
+def summarize_trace(events: list[dict[str, Any]], num_steps: int) -> dict[str, Any]:
+    """The breakdown from a Chrome trace's ``traceEvents`` (times in microseconds).
+
+    The exported trace is read rather than the profiler's Python objects: its format is stable
+    across torch versions, their attributes are not.
+    """
+    window = [e for e in events if e.get("name") == WINDOW_RANGE and e.get("cat") == "user_annotation"]
     if len(window) != 1:
         raise RuntimeError(f"expected one {WINDOW_RANGE!r} range in the profile, found {len(window)}")
-    start, end = window[0].start_ns(), window[0].end_ns()
-    wall_ns = end - start
-    host: dict[str, dict[str, Any]] = {name: {"count": 0, "ns": 0} for name in STEP_RANGES}
-    device: list[tuple[int, int]] = []
-    saw_device = False
+    start = float(window[0]["ts"])
+    end = start + float(window[0]["dur"])
+    wall = end - start
+    host: dict[str, dict[str, Any]] = {name: {"count": 0, "us": 0.0} for name in STEP_RANGES}
+    device: list[tuple[float, float]] = []
     for e in events:
-        kind = e.activity_type()
-        if kind == "user_annotation" and e.name() in host:
-            host[e.name()]["count"] += 1
-            host[e.name()]["ns"] += e.duration_ns()
-        elif kind in _DEVICE_ACTIVITIES and str(e.device_type()).endswith("CUDA"):
-            saw_device = True
-            lo, hi = max(start, e.start_ns()), min(end, e.end_ns())
+        kind, name = e.get("cat"), e.get("name")
+        if kind == "user_annotation" and name in host:
+            host[name]["count"] += 1
+            host[name]["us"] += float(e.get("dur", 0))
+        elif kind in _DEVICE_ACTIVITIES and "ts" in e:
+            lo, hi = max(start, float(e["ts"])), min(end, float(e["ts"]) + float(e.get("dur", 0)))
             if hi > lo:
                 device.append((lo, hi))
-    per_step = 1e6 * max(1, num_steps)  # ns -> ms per step
-    ranges = {name: {"count": v["count"], "ms_per_step": round(v["ns"] / per_step, 4)} for name, v in host.items()}
-    named_ns = sum(v["ns"] for v in host.values())
+    per_step = 1e3 * max(1, num_steps)  # us -> ms per step
+    ranges = {name: {"count": v["count"], "ms_per_step": round(v["us"] / per_step, 4)} for name, v in host.items()}
+    named = sum(v["us"] for v in host.values())
     breakdown: dict[str, Any] = {
         "num_steps": num_steps,
-        "wall_ms_per_step": round(wall_ns / per_step, 4),
+        "wall_ms_per_step": round(wall / per_step, 4),
         "host_ranges": ranges,
-        "host_other_ms_per_step": round(max(0, wall_ns - named_ns) / per_step, 4),
+        "host_other_ms_per_step": round(max(0.0, wall - named) / per_step, 4),
         "missing_ranges": [name for name, v in host.items() if v["count"] == 0],
+        "gpu_busy_ms_per_step": None,
+        "gpu_idle_ms_per_step": None,
+        "gpu_busy_fraction": None,
     }
-    if saw_device or torch.cuda.is_available():
-        busy = _union_ns(device)
+    if device or torch.cuda.is_available():
+        busy = _union(device)
         breakdown.update(
             gpu_busy_ms_per_step=round(busy / per_step, 4),
-            gpu_idle_ms_per_step=round((wall_ns - busy) / per_step, 4),
-            gpu_busy_fraction=round(busy / wall_ns, 4) if wall_ns else None,
+            gpu_idle_ms_per_step=round((wall - busy) / per_step, 4),
+            gpu_busy_fraction=round(busy / wall, 4) if wall else None,
         )
-    else:
-        breakdown.update(gpu_busy_ms_per_step=None, gpu_idle_ms_per_step=None, gpu_busy_fraction=None)
     return breakdown
 
 
@@ -77,6 +83,7 @@ def profile_steps(step: Callable[[], Any], num_steps: int, trace_path: Path | No
     """Call ``step`` ``num_steps`` times under the profiler and return the breakdown per step.
 
     The window starts and ends with the device drained, so its GPU work all falls inside it.
+    The trace is kept at ``trace_path`` when given.
     """
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -90,10 +97,12 @@ def profile_steps(step: Callable[[], Any], num_steps: int, trace_path: Path | No
                 step()
             if is_cuda:
                 torch.cuda.synchronize()
-    if trace_path is not None:
-        trace_path.parent.mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(trace_path))
-    breakdown = summarize_events(prof.profiler.kineto_results.events(), num_steps)
+    with tempfile.TemporaryDirectory(prefix="infer-profile-") as scratch:
+        path = trace_path or Path(scratch) / "trace.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text())["traceEvents"]
+    breakdown = summarize_trace(events, num_steps)
     if trace_path is not None:
         breakdown["trace"] = str(trace_path)
     return breakdown
