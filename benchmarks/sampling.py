@@ -6,7 +6,7 @@ each case and batch size: ``sample_us`` (GPU time of ``sample`` on a built batch
 ``build_us`` (host time of ``build_sampling_batch``) and ``step_us`` (host wall time of build +
 sample + the one copy of the token ids to the host, as the runner does each step).
 
-    python3 -m benchmarks.sampling [--out DIR] [--old-ref REF] [--iters N]
+    python3 -m benchmarks.sampling [--out DIR] [--old-ref REF | --old-dir DIR] [--iters N]
 """
 
 from __future__ import annotations
@@ -54,11 +54,16 @@ def default_old_ref() -> str:
     return f"{added[-1]}~1"
 
 
-def load_old(ref: str) -> tuple[types.ModuleType, types.ModuleType]:
-    """The sampler and its batch builder as they were at ``ref``, as fresh modules."""
+def load_old(ref: str, old_dir: Path | None = None) -> tuple[types.ModuleType, types.ModuleType]:
+    """The sampler and its batch builder as they were at ``ref`` (or as saved in ``old_dir``), as fresh modules."""
+    if old_dir is not None:
+        sampler_source = (old_dir / "sampler.py").read_text()
+        source = (old_dir / "sampling_inputs.py").read_text()
+    else:
+        sampler_source = _git("show", f"{ref}:infer_core/layers/sampler.py")
+        source = _git("show", f"{ref}:infer_core/runner/sampling_inputs.py")
     sampler = sys.modules["old_sampler"] = types.ModuleType("old_sampler")
-    exec(compile(_git("show", f"{ref}:infer_core/layers/sampler.py"), "old_sampler.py", "exec"), sampler.__dict__)
-    source = _git("show", f"{ref}:infer_core/runner/sampling_inputs.py")
+    exec(compile(sampler_source, "old_sampler.py", "exec"), sampler.__dict__)
     source = source.replace("from infer_core.layers.sampler import", "from old_sampler import")
     inputs = sys.modules["old_sampling_inputs"] = types.ModuleType("old_sampling_inputs")
     exec(compile(source, "old_sampling_inputs.py", "exec"), inputs.__dict__)
@@ -107,12 +112,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results)")
     parser.add_argument("--old-ref", default=None, help="git ref of the previous sampler")
+    parser.add_argument("--old-dir", type=Path, default=None,
+                        help="folder with the previous sampler.py and sampling_inputs.py (a checkout without history)")
     parser.add_argument("--iters", type=int, default=20)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.sampling needs a CUDA device")
-    old_ref = args.old_ref or default_old_ref()
-    old_sampler, old_inputs = load_old(old_ref)
+    old_ref = args.old_ref or (str(args.old_dir) if args.old_dir else default_old_ref())
+    old_sampler, old_inputs = load_old(old_ref, args.old_dir)
     device = torch.device("cuda")
     rng = np.random.default_rng(0)
     results = []
@@ -125,7 +132,7 @@ def main() -> None:
                 figures = time_case(sampler, inputs, states, logits, generator, args.iters)
                 results.append(dict(system=system, case=case, num_rows=num_rows, vocab_size=VOCAB, **figures))
                 print(f"{case:>20} R={num_rows:<4} {system}: {figures}", flush=True)
-    settings = dict(vocab_size=VOCAB, rows=list(ROWS), iters=args.iters, old_ref=_git("rev-parse", old_ref).strip(),
+    settings = dict(vocab_size=VOCAB, rows=list(ROWS), iters=args.iters, old_ref=old_ref,
                     prompt_len=PROMPT_LEN, output_len=OUTPUT_LEN, cases=CASES)
     path = write_result("sampling", settings, results, args.out)
     table = ["| case | rows | old sample µs | new sample µs | speed-up | old step µs | new step µs |",

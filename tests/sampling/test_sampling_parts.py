@@ -186,3 +186,16 @@ def test_list_and_tensor_seeds_sample_the_same():
         is_seeded=torch.tensor([s is not None for s in seeds]))).token_ids
     seeded = [0, 2, 3, 5]
     assert torch.equal(as_lists[seeded], as_tensors[seeded])
+
+
+@pytest.mark.parametrize("vocab", [64 * 40, 64 * 40 + 17])  # a whole number of chunks, and a short last chunk
+def test_two_stage_top_k_finds_the_leading_values(vocab):
+    from infer_core.layers.sampling.thresholds import leading_values
+
+    generator = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(64, vocab, generator=generator)
+    logits[::2] = torch.randint(0, 5, (32, vocab), generator=generator).float()  # ties across chunks
+    logits[1, -3:] = 50.0  # the largest values in the short last chunk
+    logits[3, ::64] = 9.0  # one large value in every chunk
+    for width in (1, 5, 10):
+        assert torch.equal(leading_values(logits, width), logits.topk(width, dim=1).values)

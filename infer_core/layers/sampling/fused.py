@@ -17,6 +17,7 @@ from infer_core.layers.sampling.philox import SMALL_V
 from infer_core.sampling_params import MIN_SAMPLING_TEMPERATURE
 
 BLOCK = 2048  # tokens per loop iteration of a program
+NUM_WARPS = 8
 _TARGET_PROGRAMS = 528  # enough programs to fill an H100/H200 (132 SMs) a few times over
 
 
@@ -129,7 +130,7 @@ def fused_sample(logits: torch.Tensor, temperature: torch.Tensor, keys: torch.Te
         logits, logits.stride(0), temperature, min_p, row_max, threshold, num_ties, ties_before, keys, positions,
         best_score, best_token, vocab_size, num_splits,
         HAS_MIN_P=min_p is not None, HAS_THRESHOLD=has_threshold, MIN_TEMPERATURE=MIN_SAMPLING_TEMPERATURE,
-        SMALL_V=SMALL_V, SLICE=slice_size, BLOCK=BLOCK, num_warps=8,
+        SMALL_V=SMALL_V, SLICE=slice_size, BLOCK=BLOCK, num_warps=NUM_WARPS,
     )
     if num_splits == 1:
         return best_token.view(num_rows)

@@ -6,12 +6,16 @@ is {z > t} plus the first ``e`` tokens (by id) with z == t, where t is the value
 ``n - 1`` and ``e = n - #{z > t}``. Finding t and e needs only the sorted *values* of the first
 ``n`` positions (tied values have equal probability, so their order does not change the top-p
 mass): ``topk`` of the batch's largest k when every top-p row also has a top-k, a sort otherwise.
+For a small k, the top-k values are found among the ``k`` chunks of 64 tokens with the largest
+maxima (every token above the k-th largest chunk maximum lies in those chunks), so ``topk`` runs
+over [R, V/64] and [R, 64k] instead of [R, V].
 """
 
 from __future__ import annotations
 
 import torch
 
+CHUNK = 64  # tokens per chunk of the two-stage top-k
 
 def cut_from_sorted(sorted_z: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
                     vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,6 +51,26 @@ def cut_from_sorted(sorted_z: torch.Tensor, top_k: torch.Tensor | None, top_p: t
     return threshold, num_ties
 
 
+def leading_values(logits: torch.Tensor, width: int) -> torch.Tensor:
+    """The ``width`` largest values of each row of ``logits`` [R, V], sorted descending.
+
+    Exact with ties: the ``width`` chunks with the largest maxima hold every token above the
+    ``width``-th largest maximum M and at least ``width`` tokens >= M, and the ``width``-th largest
+    value is >= M, so their tokens' top ``width`` values are the row's.
+    """
+    num_rows, vocab_size = logits.shape
+    if width * CHUNK * 4 > vocab_size:  # too little to gain over one topk
+        return logits.topk(width, dim=1, sorted=True).values
+    whole = vocab_size // CHUNK * CHUNK
+    maxima = logits[:, :whole].view(num_rows, -1, CHUNK).amax(dim=2)
+    if whole < vocab_size:
+        maxima = torch.cat([maxima, logits[:, whole:].amax(dim=1, keepdim=True)], dim=1)
+    chunks = maxima.topk(width, dim=1, sorted=False).indices
+    tokens = (chunks.unsqueeze(2) * CHUNK + torch.arange(CHUNK, device=logits.device)).view(num_rows, -1)
+    candidates = logits.gather(1, tokens.clamp(max=vocab_size - 1)).masked_fill(tokens >= vocab_size, float("-inf"))
+    return candidates.topk(width, dim=1, sorted=True).values
+
+
 def top_k_top_p_cut(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None,
                     top_p: torch.Tensor | None, max_top_k: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's cut for float32 ``logits`` [R, V] scaled by ``temperature`` [R] (greedy rows: 1).
@@ -57,7 +81,7 @@ def top_k_top_p_cut(logits: torch.Tensor, temperature: torch.Tensor, top_k: torc
     vocab_size = logits.shape[1]
     if max_top_k is not None and 0 < max_top_k < vocab_size:
         # topk on the raw logits has the same leading values as on z (division by t > 0 keeps order)
-        values = logits.topk(max_top_k, dim=1, sorted=True).values
+        values = leading_values(logits, max_top_k)
         sorted_z = values / temperature.unsqueeze(1)
     else:
         sorted_z = (logits / temperature.unsqueeze(1)).sort(dim=1, descending=True).values
