@@ -72,10 +72,8 @@ class LLM:
         ids: list[str] = []
         try:
             for prompt, params, special in items:
-                ids.append(engine.add_request(None, prompt, params, add_special_tokens=special))
-                # only each step's delta_token_ids and the final outputs are read below: no per-step
-                # copies, and the text is decoded once at the end
-                engine.outputs.mark_final_only(ids[-1])
+                # only each step's delta_token_ids and the final outputs are read below
+                ids.append(engine.add_request(None, prompt, params, add_special_tokens=special, final_only=True))
         except BaseException:
             for request_id in ids:
                 engine.abort(request_id)

@@ -13,14 +13,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from torch.profiler import record_function
-
 from infer_core.engine.output_processor import OutputProcessor
 from infer_core.errors import EngineDeadError, RequestError, SettingsError
-from infer_core.interfaces import Request, RequestStatus, SchedulerConfig, SchedulerStats
+from infer_core.interfaces import (
+    Request,
+    RequestStatus,
+    SchedulerConfig,
+    SchedulerStats,
+)
 from infer_core.loader import EngineSpec, assemble
 from infer_core.models.tokenizer import load_tokenizer
 from infer_core.outputs import RequestOutput
+from infer_core.profiling import step_range
 from infer_core.sampling_params import SamplingParams
 from infer_core.settings import EngineSettings, load_settings
 
@@ -123,8 +127,13 @@ class Engine:
             raise RequestError(f"the chat template could not format these messages: {e}", param="messages") from None
 
     def add_request(self, request_id: str | None, prompt: Prompt, params: SamplingParams | None = None, *,
-                    add_special_tokens: bool = True, arrival_time: float | None = None, priority: int = 0) -> str:
-        """Tokenize and queue a request (n completions); RequestError if it can never be served."""
+                    add_special_tokens: bool = True, arrival_time: float | None = None, priority: int = 0,
+                    final_only: bool = False) -> str:
+        """Tokenize and queue a request (n completions); RequestError if it can never be served.
+
+        ``final_only``: the caller reads only each step's ``delta_token_ids`` and the finished
+        output (``LLM.generate``), so no per-step copies are made and the text is decoded at the end.
+        """
         self._check_alive()
         params = params or SamplingParams()
         if params.top_k >= self.config.model.vocab_size:
@@ -153,7 +162,7 @@ class Engine:
         except BaseException:
             self.scheduler.finish(added, RequestStatus.FINISHED_ABORTED)
             raise
-        self.outputs.add(request_id, text, list(prompt_ids), children, arrival)
+        self.outputs.add(request_id, text, list(prompt_ids), children, arrival, final_only=final_only)
         self.counters.prompt_tokens += len(prompt_ids) * params.n
         return request_id
 
@@ -189,7 +198,7 @@ class Engine:
 
     def _step(self) -> list[RequestOutput]:
         # The named ranges are what `infer bench --profile` splits a step's host time into.
-        with record_function("infer.schedule"):
+        with step_range("infer.schedule"):
             drafted = self._propose_drafts()
             scheduler_output = self.scheduler.schedule()
             for request in drafted:
@@ -197,7 +206,7 @@ class Engine:
         runner_output = self.executor.execute(scheduler_output)
         if scheduler_output.is_empty and self.scheduler.num_unfinished:
             raise RuntimeError("the scheduler made no progress with requests pending; this is a bug")
-        with record_function("infer.process_outputs"):
+        with step_range("infer.process_outputs"):
             accepted = self.decoding.accept(scheduler_output, runner_output)
             updates = self.scheduler.update(scheduler_output, runner_output, accepted)
             outputs, stopped = self.outputs.process(updates)

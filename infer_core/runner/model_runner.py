@@ -6,17 +6,28 @@ import logging
 import time
 
 import torch
-from torch.profiler import record_function
 
 from infer_core.config import EngineConfig
-from infer_core.interfaces import NewRequestData, ParallelContext, RunnerOutput, SchedulerOutput, TokenLogprobs
+from infer_core.interfaces import (
+    NewRequestData,
+    ParallelContext,
+    RunnerOutput,
+    SchedulerOutput,
+    TokenLogprobs,
+)
 from infer_core.layers.sampler import SamplerOutput, sample
 from infer_core.loader import Catalog
 from infer_core.models.build import BuildContext
 from infer_core.models.weights import load_model_weights
+from infer_core.profiling import step_range
 from infer_core.runner.cuda_graphs import CudaGraphRunner, capture_sizes
 from infer_core.runner.inputs import StepBuffers, StepInputs, build_step_inputs
-from infer_core.runner.kv_cache import allocate_kv_caches, block_bytes, cpu_num_blocks, cuda_num_blocks
+from infer_core.runner.kv_cache import (
+    allocate_kv_caches,
+    block_bytes,
+    cpu_num_blocks,
+    cuda_num_blocks,
+)
 from infer_core.runner.sampling_inputs import build_sampling_batch
 from infer_core.runner.state import RequestTable
 from infer_core.sampling_params import SamplingParams
@@ -162,14 +173,14 @@ class ModelRunner:
         return self.graphs.padded_size(len(output.num_scheduled_tokens))
 
     def _execute(self, output: SchedulerOutput) -> RunnerOutput:
-        with record_function("infer.prepare_inputs"):
+        with step_range("infer.prepare_inputs"):
             self.requests.apply(output)
             if output.is_empty:
                 return RunnerOutput()
             graph_size = self._graph_size(output)
             inputs = build_step_inputs(output, self.requests, self.config.block_size, self.device, self.buffers,
                                        graph_size)
-        with record_function("infer.forward"):
+        with step_range("infer.forward"):
             if graph_size is not None:
                 logits = self.graphs.replay(graph_size)
                 if logits is not None:
@@ -184,7 +195,7 @@ class ModelRunner:
         logprobs: list[list[TokenLogprobs] | None] = [None for _ in inputs.request_ids]
         if logits is None:  # nothing to sample, or not the rank that samples
             return RunnerOutput(inputs.request_ids, sampled, logprobs)
-        with record_function("infer.sample"):
+        with step_range("infer.sample"):
             states = [self.requests[inputs.request_ids[row]] for row in inputs.sample_rows]
             batch = build_sampling_batch(states, self.config.model.vocab_size, self.config.eos_token_ids,
                                          self.device, self.generator)
