@@ -65,11 +65,10 @@ class FlashAttentionBackend(AttentionBackend):
         self._write_kv(kv_cache, k[:n], v[:n], metadata.common.slot_mapping[:n])
         k_cache, v_cache = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, num_kv_heads, head_dim] each
         window = window_size(layer)
-        out = torch.empty_like(q)
         decode, prefill = metadata.decode, metadata.prefill
         num_decodes = decode.num_decodes if decode is not None else 0
         if decode is not None:
-            out[:num_decodes] = self._with_kvcache(
+            decoded = self._with_kvcache(
                 q[:num_decodes].unsqueeze(1),
                 k_cache,
                 v_cache,
@@ -79,6 +78,11 @@ class FlashAttentionBackend(AttentionBackend):
                 causal=True,
                 window_size=window,
             ).squeeze(1)
+            if prefill is None and num_decodes == q.shape[0]:
+                return decoded  # a decode-only (or CUDA-graph) step: no copy into a second buffer
+        out = torch.empty_like(q)
+        if decode is not None:
+            out[:num_decodes] = decoded
         if prefill is not None:
             out[num_decodes:n] = self._varlen(
                 q[num_decodes:n],
