@@ -3,9 +3,9 @@
 - ``hf-generate-batch``: continuous batching (``attn_implementation="paged|sdpa"``) on the
   offline-throughput workload's requests with their own output lengths, through the manager
   that ``generate_batch`` drives (``generate_batch`` itself takes one ``max_new_tokens`` for all).
-  transformers 5.x reads "paged|sdpa" as "sdpa" (and warns that the prefix goes away), so the
-  model is built with "sdpa", which continuous batching runs over its paged cache; the manager is
-  told to keep it rather than switch to flash-attn where that is installed.
+  Where flash-attn is installed the manager may switch to it: 5.17 does unless "paged|sdpa" is
+  asked for by that name, 5.23 (which reads "paged|sdpa" as "sdpa") unless told not to; both are
+  done, and the row's ``attention`` is what the manager actually ran.
   It runs outside ``torch.inference_mode``: its cache tensors are updated in place later.
 - ``hf-generate-static``: ``generate`` with a static cache (a ``StaticCache`` passed in, the
   guide's second way; ``cache_implementation="static"`` builds the same per call) and the forward
@@ -48,11 +48,10 @@ def _sync() -> None:
 
 
 def generate_batch_row(folder: str, workload: OfflineWorkload, dtype: str, device: str,
-                       attn_implementation: str = "sdpa", timeout_s: float = 600) -> dict[str, Any]:
+                       attn_implementation: str = "paged|sdpa", timeout_s: float = 600) -> dict[str, Any]:
     """Throughput of HF continuous batching on ``workload``: output tokens / wall time after a warm-up."""
     import transformers
     from transformers import ContinuousBatchingConfig, GenerationConfig
-    from transformers.generation.continuous_batching.utils import WorkloadHints
 
     if torch.is_inference_mode_enabled():
         raise RuntimeError("hf-generate-batch must run outside torch.inference_mode (its cache is updated in place)")
@@ -60,30 +59,31 @@ def generate_batch_row(folder: str, workload: OfflineWorkload, dtype: str, devic
     model = build_model(folder, dtype, device, attn_implementation)
     generation = GenerationConfig(do_sample=True, temperature=WORKLOAD_TEMPERATURE, top_k=0, top_p=1.0,
                                   max_new_tokens=max(workload.output_lens), eos_token_id=-1)
-    hints = WorkloadHints(max_prompt_length=max(map(len, workload.prompts)),
-                          max_generated_length=max(workload.output_lens), num_requests=len(workload.prompts))
-    # Keep sdpa: by default the manager would switch to flash-attn where it is installed.
+    hints = _workload_hints(workload)
     sizes: dict[str, int] = {}
     on_gpu = torch.device(device).type == "cuda"
     if not on_gpu:  # HF sizes its cache (and sdpa's masks) to free RAM; on the CPU, to the workload instead
         page = 256
         sizes = dict(page_size=page, max_batch_tokens=512,
                      num_blocks=sum(-(-(len(p) + n) // page) for p, n in zip(workload.prompts, workload.output_lens)))
-    batching = ContinuousBatchingConfig(auto_switch_to_flash=False, seed=0, **sizes)
+    # Keep sdpa (5.23 would switch to flash-attn where it is installed); only the options this
+    # transformers knows are passed.
+    batching = ContinuousBatchingConfig(**_known(ContinuousBatchingConfig, auto_switch_to_flash=False, seed=0, **sizes))
     warmup = on_gpu  # the manager's warm-up captures CUDA graphs; on the CPU it only costs time
-    with model.continuous_batching_context_manager(generation_config=generation, block=True, timeout=30,
-                                                   continuous_batching_config=batching, warmup=warmup,
-                                                   workload_hints=hints) as manager:
+    manager_options = _known(model.continuous_batching_context_manager, generation_config=generation, block=True,
+                             timeout=30, continuous_batching_config=batching, warmup=warmup, workload_hints=hints)
+    with model.continuous_batching_context_manager(**manager_options) as manager:
         startup_s = time.perf_counter() - started
         attention = model.config._attn_implementation  # what the manager runs with
-        manager.add_request(WARMUP_PROMPT, request_id="warmup", max_new_tokens=WARMUP_MAX_TOKENS, eos_token_id=-1)
+        no_eos = _known(manager.add_request, eos_token_id=-1)  # else the generation config's -1 holds
+        manager.add_request(WARMUP_PROMPT, request_id="warmup", max_new_tokens=WARMUP_MAX_TOKENS, **no_eos)
         _collect(manager, {"warmup"}, timeout_s)
         _sync()
         start = time.perf_counter()
         ids = {}
         for i, (prompt, n) in enumerate(zip(workload.prompts, workload.output_lens)):
             ids[f"req-{i}"] = n
-            manager.add_request(prompt, request_id=f"req-{i}", max_new_tokens=n, eos_token_id=-1)
+            manager.add_request(prompt, request_id=f"req-{i}", max_new_tokens=n, **no_eos)
         results = _collect(manager, set(ids), timeout_s)
         _sync()
         elapsed = time.perf_counter() - start
@@ -103,6 +103,26 @@ def generate_batch_row(folder: str, workload: OfflineWorkload, dtype: str, devic
         "startup_s": round(startup_s, 2),
         "transformers": transformers.__version__,
     }
+
+
+def _workload_hints(workload: OfflineWorkload):
+    """What the manager sizes itself by, where this transformers takes hints (else None)."""
+    try:
+        from transformers.generation.continuous_batching.utils import WorkloadHints
+    except ImportError:
+        return None
+    return WorkloadHints(max_prompt_length=max(map(len, workload.prompts)),
+                         max_generated_length=max(workload.output_lens), num_requests=len(workload.prompts))
+
+
+def _known(function, **options: Any) -> dict[str, Any]:
+    """The ``options`` that ``function`` takes: the continuous-batching API moves between 5.x releases."""
+    import inspect
+
+    parameters = inspect.signature(function).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return options
+    return {name: value for name, value in options.items() if name in parameters}
 
 
 def _collect(manager, wanted: set[str], timeout_s: float) -> dict[str, Any]:
