@@ -150,14 +150,17 @@ def common_settings(args: argparse.Namespace, model_label: str) -> dict[str, Any
 def finish(args: argparse.Namespace, benchmark: str, device: str, settings: dict[str, Any],
            rows: list[dict[str, Any]]) -> int:
     """Write the record (with --out), print the rows; 1 when any system failed."""
-    from infer_core.bench.record import write_results
+    from infer_core.bench.record import device_slug, write_results
     from infer_core.bench.step_profile import format_breakdown
 
     for row in rows:
         if "step_breakdown" in row:
             print(format_breakdown(f"{row['system']} attention={row.get('attention')}", row["step_breakdown"]))
     if args.out is not None:
-        path = write_results(benchmark, device, settings, rows, args.out)
+        # another model's run of the same benchmark gets a file of its own: <benchmark>-<model>-<device>-<date>
+        model = settings["model"]
+        name = benchmark if model == DEFAULT_MODEL else f"{benchmark}-{device_slug(model)}"
+        path = write_results(benchmark, device, settings, rows, args.out, name)
         print(f"wrote {path}")
     else:
         print(json.dumps(rows, indent=1))

@@ -57,11 +57,12 @@ def device_slug(device: str) -> str:
 
 
 def write_results(benchmark: str, device: str, settings: dict[str, Any], rows: list[dict[str, Any]],
-                  out_dir: Path) -> Path:
+                  out_dir: Path, name: str | None = None) -> Path:
+    """``<name>-<device>-<date>.json`` under ``out_dir``; ``name`` defaults to the benchmark's."""
     date = dt.date.today().isoformat()
     record = {"benchmark": benchmark, "device": device, "date": date, "commit": git_commit(), "versions": versions(),
               "settings": settings, "results": rows}
-    path = Path(out_dir) / f"{benchmark}-{device_slug(device)}-{date}.json"
+    path = Path(out_dir) / f"{name or benchmark}-{device_slug(device)}-{date}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2) + "\n")
     return path
