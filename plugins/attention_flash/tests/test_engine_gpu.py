@@ -141,6 +141,7 @@ def test_offline_throughput_workload_runs(qwen3_folder, capsys):
     with capsys.disabled():
         print(
             f"\noffline-throughput, attention=flash, {torch.cuda.get_device_name()}: {sum(lengths)} output tokens "
-            f"in {elapsed:.1f} s = {sum(lengths) / elapsed:.0f} tok/s (eager)"
+            f"in {elapsed:.1f} s = {sum(lengths) / elapsed:.0f} tok/s "
+            f"({'CUDA graphs' if llm.engine.executor.worker.runner.graphs else 'eager'})"
         )
     llm.shutdown()
