@@ -62,7 +62,7 @@ class EngineSettings(BaseSettings):
     max_num_seqs: int = Field(256, ge=1, description="most requests in one step")
     max_num_batched_tokens: int = Field(8192, ge=1, description="most tokens in one step (prefill chunk budget)")
     enable_prefix_caching: bool = Field(True, description="reuse KV blocks of shared prompt prefixes")
-    enforce_eager: bool = Field(False, description="never capture CUDA graphs (this version runs every step eagerly)")
+    enforce_eager: bool = Field(False, description="never capture CUDA graphs: every decode step runs eagerly")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs the model is split over")
 
     # server
