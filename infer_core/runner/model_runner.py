@@ -198,7 +198,7 @@ class ModelRunner:
         with step_range("infer.sample"):
             states = [self.requests[inputs.request_ids[row]] for row in inputs.sample_rows]
             batch = build_sampling_batch(states, self.config.model.vocab_size, self.config.eos_token_ids,
-                                         self.device, self.generator)
+                                         self.device, self.generator, token_table=self.requests.token_ids)
             result = sample(logits, batch)
             self._collect(inputs, states, result, sampled, logprobs)
         output = RunnerOutput(inputs.request_ids, sampled, logprobs)
