@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import triton
-import triton.testing
 
+from benchmarks.attention import bench_ms, graph_ms
 from benchmarks.common import versions, write_result
 from infer_core.layers import fused
 from infer_core.layers.activation import SiluAndMul
@@ -67,30 +66,12 @@ class Case:
 
 
 def bench_us(fn) -> float:
-    return 1e3 * float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    return 1e3 * bench_ms(fn)
 
 
 def graph_us(fn, reps: int = 50) -> float:
     """Median microseconds of ``fn`` replayed from a CUDA graph, L2 flushed before each replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return 1e3 * float(sorted(times)[len(times) // 2])
+    return 1e3 * graph_ms(fn, reps)
 
 
 def copy_bandwidth_gb_s() -> float:
