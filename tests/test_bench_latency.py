@@ -60,7 +60,7 @@ def test_latency_command_writes_one_record_with_every_system(tiny_folder, tmp_pa
                  "--out", str(tmp_path)])
     assert code == 0, capsys.readouterr().out
     [path] = tmp_path.glob("decode-latency-*.json")
-    assert path.name.startswith("decode-latency-tiny-llama0-")  # not the default model: named in the file
+    assert path.name.startswith(f"decode-latency-{tiny_folder.name}-")  # not the default model: named in the file
     record = json.loads(path.read_text())
     assert record["benchmark"] == "decode-latency"
     assert record["settings"]["prompt_len"] == 16 and record["settings"]["new_tokens"] == 32
