@@ -106,15 +106,18 @@ def build_step_inputs(
     request_ids = _batch_order(scheduled)
     num_reqs = len(request_ids)
     padded_reqs = padded_num_reqs or num_reqs
-    rows = np.fromiter((states[rid].row for rid in request_ids), dtype=np.int64, count=num_reqs)
-    query_lens = np.fromiter((scheduled[rid] for rid in request_ids), dtype=np.int32, count=num_reqs)
+    # One pass over the requests for everything read from their Python state.
+    per_request = np.array([(states[rid].row, scheduled[rid], len(states[rid].block_ids), len(states[rid].token_ids))
+                            for rid in request_ids], dtype=np.int64).reshape(num_reqs, 4)
+    rows, num_allocated, num_known = per_request[:, 0], per_request[:, 2], per_request[:, 3]
+    query_lens = per_request[:, 1].astype(np.int32)
     for rid, draft in output.spec_token_ids.items():
         if draft:
             state = states[rid]
             states.write_draft_tokens(state.row, len(state.token_ids), draft)
     num_tokens = int(query_lens.sum())
     padded_tokens = num_tokens + (padded_reqs - num_reqs)
-    max_blocks = int(max(len(states[rid].block_ids) for rid in request_ids))
+    max_blocks = int(num_allocated.max())
     if buffers is None or not buffers.fits(padded_tokens, padded_reqs, max_blocks):
         if padded_reqs > num_reqs:
             raise RuntimeError("a padded (CUDA-graph) step must use the graphs' own buffers")
@@ -132,7 +135,6 @@ def build_step_inputs(
     h["input_ids"][:num_tokens] = states.token_ids[token_rows, positions]
     seq_lens = h["seq_lens"][:num_reqs]
     np.add(computed, query_lens, out=seq_lens)
-    num_allocated = np.fromiter((len(states[rid].block_ids) for rid in request_ids), dtype=np.int64, count=num_reqs)
     if np.any(seq_lens > num_allocated * block_size):  # would write into another request's block
         bad = int(np.argmax(seq_lens > num_allocated * block_size))
         raise RuntimeError(f"request {request_ids[bad]}: {seq_lens[bad]} tokens but blocks for "
@@ -144,7 +146,6 @@ def build_step_inputs(
 
     # Sampled positions: a request that reaches the end of its known tokens samples its last
     # position, plus one per draft token it verifies.
-    num_known = np.fromiter((len(states[rid].token_ids) for rid in request_ids), dtype=np.int64, count=num_reqs)
     beyond_known = computed + query_lens - num_known  # the draft tokens fed, when >= 0
     samples = np.where(beyond_known >= 0, beyond_known + 1, 0)
     ends = query_start_loc[1:].astype(np.int64)
