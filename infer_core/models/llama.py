@@ -13,6 +13,7 @@ from torch import nn
 
 from infer_core.errors import ModelError
 from infer_core.interfaces import AttentionLayer
+from infer_core.layers import fused as fused_ops
 from infer_core.layers.activation import SiluAndMul
 from infer_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from infer_core.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -36,6 +37,10 @@ class LlamaAttention(nn.Module):
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype=ctx.dtype)
         self.qk_norm = c.qk_norm
         self.rotary = rotary
+        # q-norm, k-norm and rotary in one launch where the three layers would each run Triton (CUDA);
+        # force_fused_qk_norm_rope also takes it off CUDA (tests run it in Triton's interpreter on the CPU)
+        self.qk_norm_rope_impl = fused_ops.QK_NORM_ROPE
+        self.force_fused_qk_norm_rope = False
         self.backend = ctx.attention
         self.layer = AttentionLayer(layer_idx, heads, kv_heads, c.head_dim, c.head_dim**-0.5,
                                     c.sliding_window(layer_idx))
@@ -48,11 +53,26 @@ class LlamaAttention(nn.Module):
         q = q.reshape(num_tokens, -1, head_dim)
         k = k.reshape(num_tokens, -1, head_dim)
         v = v.reshape(num_tokens, -1, head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        if self.qk_norm and self._fuses_qk_norm_rope(q, k):
+            from infer_core.layers.fused.qk_norm_rope import qk_norm_rope_inplace
+
+            # q and k stay views into qkv (rewritten in place), as the rotary alone leaves them without qk-norm
+            q, k = qk_norm_rope_inplace(positions, q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
+                                        self.rotary.cos_sin_cache, self.rotary.rot_dim)
+        else:
+            if self.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.rotary(positions, q, k)
         out = self.backend.forward(self.layer, q, k, v, kv_cache, attn_metadata)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+    def _fuses_qk_norm_rope(self, q: torch.Tensor, k: torch.Tensor) -> bool:
+        """Whether q-norm, k-norm and rotary run as one Triton launch (else as the three layers)."""
+        impls = (self.qk_norm_rope_impl, self.q_norm.impl, self.k_norm.impl, self.rotary.impl)
+        return (all(impl is fused_ops.FusedImpl.TRITON for impl in impls)
+                and (q.is_cuda or self.force_fused_qk_norm_rope) and fused_ops.triton_available()
+                and q.dtype == k.dtype == self.q_norm.weight.dtype == self.k_norm.weight.dtype
+                and self.q_norm.eps == self.k_norm.eps and self.rotary.rot_dim > 0)
 
 
 class LlamaMLP(nn.Module):

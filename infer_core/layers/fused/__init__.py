@@ -1,4 +1,4 @@
-"""Triton kernels for the per-layer elementwise ops (RMSNorm, rotary, SiLU-and-mul).
+"""Triton kernels for the per-layer elementwise ops (RMSNorm, rotary, SiLU-and-mul, Qwen3's q/k norm + rotary).
 
 This package's ``__init__`` never imports triton: the layers ask :func:`use_triton` per call and
 import the kernel module only on a CUDA tensor, so the core runs where triton is not installed.
@@ -23,8 +23,14 @@ class FusedImpl(enum.Enum):
 RMS_NORM = FusedImpl.TRITON
 ROTARY = FusedImpl.TRITON
 SILU_AND_MUL = FusedImpl.TRITON
+# Qwen3's q-norm, k-norm and rotary as one launch (TORCH: the three layers, each by its own constant);
+# read by the attention layer when built, and used only where the three layers would each run Triton.
+QK_NORM_ROPE = FusedImpl.TRITON
+# The dense linear layers' matmul at <= 8 rows (decode batches): TORCH is F.linear (cuBLAS); TRITON is
+# fused/gemv.py. Off until benchmarks/gemv.py has measured it against F.linear on the H100.
+GEMV = FusedImpl.TORCH
 
-OPS = ("rms_norm", "rotary", "silu_and_mul")
+OPS = ("rms_norm", "rotary", "silu_and_mul", "qk_norm_rope", "gemv")
 
 
 @functools.cache
