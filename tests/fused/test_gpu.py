@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
+from infer_core import LLM, SamplingParams
 from infer_core.layers import fused
 from infer_core.layers.activation import SiluAndMul
+from infer_core.layers.fused.qk_norm_rope import qk_norm_rope_inplace
 from infer_core.layers.norm import RMSNorm
 from infer_core.layers.rotary import RotaryEmbedding
 from infer_core.models.config import RopeConfig
+from infer_core.testing import LogitsRecorder, write_config_checkpoint
 
 pytestmark = pytest.mark.gpu
 
@@ -137,3 +142,140 @@ def test_kernels_replay_in_a_cuda_graph(assert_close_to_reference):
     q, k = qkv_views(qkv, heads, kv_heads, head_dim)
     assert torch.equal(q, ref_q) and torch.equal(k, ref_k)
     assert_close_to_reference(outs[2], act.forward_torch(new_gate_up), ulps=1)
+
+
+# --- q-norm + k-norm + rotary in one launch (Qwen3) ----------------------------------------------
+
+
+def make_qk_layers(head_dim: int, dtype: torch.dtype):
+    norms = []
+    for _ in range(2):
+        norm = RMSNorm(head_dim, 1e-6, dtype=dtype).cuda()
+        norm.weight.data = torch.randn(head_dim, device="cuda").to(dtype)
+        norms.append(norm)
+    return norms[0], norms[1], RotaryEmbedding(head_dim, RopeConfig(theta=1e6), 40960, 40960).cuda()
+
+
+def qk_reference(q_norm, k_norm, rotary, positions, q, k):
+    """(normed q, normed k) and those rotated: the three layers' torch code."""
+    normed = q_norm.forward_torch(q), k_norm.forward_torch(k)
+    return normed, rotary.forward_torch(positions, *normed)
+
+
+def assert_qk_like_reference(actual, expected, normed, rot_dim: int, steps: int = 4) -> None:
+    """Half types: a rotated channel within ``steps`` dtype steps of |y1| + |y2| (the normed pair it came
+    from: one normed value may round one step away, and the rotation mixes two); float32: within 1e-5."""
+    if expected.dtype == torch.float32:
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+        return
+    half = rot_dim // 2
+    y = normed.double().abs()
+    pair = y[..., :half] + y[..., half:rot_dim]
+    bound = steps * torch.finfo(expected.dtype).eps * torch.cat([pair, pair, y[..., rot_dim:]], dim=-1)
+    err = (actual.double() - expected.double()).abs()
+    assert bool((err <= bound).all()), f"{float((err - bound).max())} beyond the bound at {int((err > bound).sum())}"
+    # most channels are bit-equal: only a sum of squares added in another order tells them apart
+    assert float((actual == expected).float().mean()) > 0.95
+
+
+@pytest.mark.parametrize("model", sorted(SHAPES))
+@pytest.mark.parametrize("num_tokens", TOKENS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_qk_norm_rope_matches_the_three_layers(model, num_tokens, dtype):
+    torch.manual_seed(num_tokens)
+    _, heads, kv_heads, head_dim, _ = SHAPES[model]
+    q_norm, k_norm, rotary = make_qk_layers(head_dim, dtype)
+    qkv = (torch.randn(num_tokens, (heads + 2 * kv_heads) * head_dim, device="cuda") * 2).to(dtype)
+    q, k = qkv_views(qkv, heads, kv_heads, head_dim)
+    positions = torch.randint(0, 40960, (num_tokens,), device="cuda", dtype=torch.int32)
+    (normed_q, normed_k), (ref_q, ref_k) = qk_reference(q_norm, k_norm, rotary, positions, q, k)
+    v_before = qkv[:, (heads + kv_heads) * head_dim:].clone()
+    out_q, out_k = qk_norm_rope_inplace(positions, q, k, q_norm.weight, k_norm.weight, 1e-6, rotary.cos_sin_cache,
+                                        rotary.rot_dim)
+    assert out_q.data_ptr() == qkv.data_ptr()  # rewritten where it lies
+    assert_qk_like_reference(out_q, ref_q, normed_q, rotary.rot_dim)
+    assert_qk_like_reference(out_k, ref_k, normed_k, rotary.rot_dim)
+    assert torch.equal(qkv[:, (heads + kv_heads) * head_dim:], v_before)
+
+
+def test_qk_norm_rope_replays_in_a_cuda_graph():
+    torch.manual_seed(3)
+    dtype, num_tokens, heads, kv_heads, head_dim = torch.bfloat16, 8, 32, 8, 128
+    q_norm, k_norm, rotary = make_qk_layers(head_dim, dtype)
+    qkv = torch.randn(num_tokens, (heads + 2 * kv_heads) * head_dim, device="cuda").to(dtype)
+    positions = torch.zeros(num_tokens, dtype=torch.long, device="cuda")
+
+    def step():
+        q, k = qkv_views(qkv, heads, kv_heads, head_dim)
+        qk_norm_rope_inplace(positions, q, k, q_norm.weight, k_norm.weight, 1e-6, rotary.cos_sin_cache,
+                             rotary.rot_dim)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # compile before capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+
+    new_qkv, new_pos = torch.randn_like(qkv), torch.randint(0, 40960, (num_tokens,), device="cuda")
+    qkv.copy_(new_qkv)
+    positions.copy_(new_pos)
+    graph.replay()
+    torch.cuda.synchronize()
+    (normed_q, normed_k), (ref_q, ref_k) = qk_reference(q_norm, k_norm, rotary, new_pos,
+                                                        *qkv_views(new_qkv, heads, kv_heads, head_dim))
+    q, k = qkv_views(qkv, heads, kv_heads, head_dim)
+    assert_qk_like_reference(q, ref_q, normed_q, rotary.rot_dim)
+    assert_qk_like_reference(k, ref_k, normed_k, rotary.rot_dim)
+
+
+def _qwen3_greedy(folder, attention: str, prompts, **settings):
+    """Greedy tokens and per-step logits; counts calls of layer 0's separate q-norm (0 when fused)."""
+    llm = LLM(str(folder), attention=attention, max_num_seqs=16, gpu_memory_utilization=0.4, **settings)
+    try:
+        calls = []
+        attn = llm.engine.executor.worker.runner.model.model.layers[0].self_attn
+        attn.q_norm.register_forward_hook(lambda *_: calls.append(1))
+        with LogitsRecorder(llm.engine) as recorder:
+            outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+                                   use_tqdm=False)
+        return ([o.outputs[0].token_ids for o in outputs], [recorder.logits[o.request_id] for o in outputs],
+                len(calls))
+    finally:
+        llm.shutdown()
+        torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("attention", ["flash", "triton"])
+def test_qwen3_06b_same_logits_fused_or_three_layers(attention, tmp_path, monkeypatch):
+    """Qwen3-0.6B (dummy bf16, CUDA graphs): the fused op (the default) against the three separate kernels.
+
+    q and k reach the attention backend as views into qkv when fused, new contiguous tensors otherwise.
+    """
+    pytest.importorskip({"flash": "flash_attn", "triton": "infer_attention_triton"}[attention])
+    folder = write_config_checkpoint("Qwen3-0.6B", tmp_path / "qwen3-0.6b")
+    rng = random.Random(7)
+    prompts = [[rng.randrange(0, 151936) for _ in range(rng.randrange(20, 400))] for _ in range(5)]
+    settings = dict(load_format="dummy", max_model_len=2048)
+    fused_tokens, fused_logits, fused_calls = _qwen3_greedy(folder, attention, prompts, **settings)
+    monkeypatch.setattr(fused, "QK_NORM_ROPE", fused.FusedImpl.TORCH)  # read when the model is built
+    tokens, logits, calls = _qwen3_greedy(folder, attention, prompts, **settings)
+    assert fused_calls == 0 and calls > 0
+    assert fused_tokens == tokens
+    worst = max(float((a.float() - b.float()).norm() / b.float().norm())
+                for steps_a, steps_b in zip(fused_logits, logits) for a, b in zip(steps_a, steps_b))
+    assert worst < 2e-2, f"fused vs separate logits differ by {worst:.2e} (relative)"
+
+
+def test_tiny_qwen3_float32_same_logits_fused_or_three_layers(tiny_checkpoint, monkeypatch):
+    prompts = [[5, 9, 13, 200, 31], list(range(3, 60))]
+    folder, settings = tiny_checkpoint("qwen3"), dict(dtype="float32", max_model_len=512)
+    fused_tokens, fused_logits, fused_calls = _qwen3_greedy(folder, "triton", prompts, **settings)
+    monkeypatch.setattr(fused, "QK_NORM_ROPE", fused.FusedImpl.TORCH)
+    tokens, logits, calls = _qwen3_greedy(folder, "triton", prompts, **settings)
+    assert fused_calls == 0 and calls > 0
+    assert fused_tokens == tokens
+    for steps_a, steps_b in zip(fused_logits, logits):
+        torch.testing.assert_close(torch.stack(steps_a), torch.stack(steps_b), rtol=1e-4, atol=1e-4)
