@@ -1,0 +1,185 @@
+"""Skinny GEMM for decode batches: ``y[M, N] = x[M, K] @ W[N, K]^T (+ bias)`` for M <= 8 rows.
+
+At batch 1..8 a projection is a read of W and nothing else; cuBLAS's kernels for it leave most of
+the H100's bandwidth unused (few loads in flight per SM, and a second split-K reduce launch). Here
+every program owns ``BLOCK_N`` output columns (rows of W) and walks the whole of K, so each output
+element is summed by one program in one fixed order: no split-K, no atomics, the same bits on every
+run and in CUDA-graph replay. Accumulation is in float32; the output is rounded once to x's dtype
+(after the bias is added, as cuBLAS's bias epilogue does).
+
+Two inner products, picked per call by :func:`choose_config` from (M, N, K) alone (no autotuning:
+it would run inside graph capture):
+
+- ``fma``: per K tile, one ``[BLOCK_N, BLOCK_K]`` load of W and for each row m a multiply by
+  ``x[m]`` and a sum over K. Tiles can be as narrow as 4 columns, so N=1024 still gives 256 programs.
+- ``dot``: ``tl.dot`` of x padded to 16 rows (masked rows are not read) with the W tile: tensor
+  cores do the M=3..8 products the FMA path would spend its issue slots on, and Triton's pipeliner
+  keeps ``num_stages - 1`` W tiles in flight. Needs ``BLOCK_N >= 16``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_ROWS = 8  # decode batches; more rows than this is a GEMM, F.linear's job
+DOT_MIN_ROWS = 3  # from 3 rows on, the FMA path's multiplies (M per weight element) start to cost
+DOT_ROWS = 16  # tl.dot's smallest M
+PROGRAMS_PER_SM = 2  # at least two programs an SM: one loads while the other sums
+FMA_TILE_BYTES = 16 << 10  # W bytes one FMA program loads per K step: 64 bf16 values a thread at 4 warps
+INTERPRETER_SMS = 4  # on the CPU (TRITON_INTERPRET=1) there is no device to ask; small grids run faster
+
+
+@dataclass(frozen=True, slots=True)
+class GemvConfig:
+    block_n: int  # output columns (rows of W) per program
+    block_k: int  # K elements per loop step
+    use_dot: bool
+    num_warps: int
+    num_stages: int
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    y_ptr,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    NUM_ROWS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # the last program's columns past N re-read row N-1 (in bounds, no mask on W) and are not stored
+    w_rows = tl.minimum(cols, N - 1).to(tl.int64) * stride_wn
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_m = tl.arange(0, BLOCK_M)
+    w_ptrs = w_ptr + w_rows[:, None] + offs_k[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if USE_DOT:
+        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
+        row_ok = offs_m[:, None] < NUM_ROWS
+        for k0 in range(0, K, BLOCK_K):
+            if EVEN_K:
+                w = tl.load(w_ptrs)
+                x = tl.load(x_ptrs, mask=row_ok, other=0.0)
+            else:
+                k_ok = (k0 + offs_k) < K
+                w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
+                x = tl.load(x_ptrs, mask=row_ok & k_ok[None, :], other=0.0)
+            if UPCAST:  # the interpreter's dot reads bfloat16 operands as raw bits: multiply in float32
+                acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
+            w_ptrs += BLOCK_K
+            x_ptrs += BLOCK_K
+    else:
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + offs_k
+            if EVEN_K:
+                w = tl.load(w_ptrs).to(tl.float32)
+            else:
+                w = tl.load(w_ptrs, mask=(k < K)[None, :], other=0.0).to(tl.float32)
+            for m in tl.static_range(NUM_ROWS):
+                if EVEN_K:
+                    xm = tl.load(x_ptr + m * stride_xm + k)
+                else:
+                    xm = tl.load(x_ptr + m * stride_xm + k, mask=k < K, other=0.0)
+                part = tl.sum(w * xm.to(tl.float32)[None, :], axis=1)
+                acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+            w_ptrs += BLOCK_K
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + cols[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m[:, None] < NUM_ROWS) & (cols[None, :] < N))
+
+
+def choose_config(num_rows: int, n: int, k: int, element_size: int, num_sms: int) -> GemvConfig:
+    """Tiles for one shape, from the shape alone (the same choice eagerly and under graph capture).
+
+    The figure that matters is W bytes in flight per SM. Columns: the widest ``BLOCK_N`` that still
+    gives ``PROGRAMS_PER_SM`` programs an SM (N=1024 -> 4 columns, 256 programs; N=151936 -> 16 or
+    64), so no SM idles and a program can be loading while another on its SM sums.
+    FMA: a 16 KiB W tile a step, as wide in K as the columns leave (up to all of K, so small
+    matrices issue every load at once), shrunk to a power of two dividing K where one >= 256 does
+    (K=3072 -> 1024: no masked tail); 64 values a thread (4 warps), one stage (the loads of a step
+    are all issued before its sums). Dot: 512-byte K steps (256 bf16; 16 KiB of W at 32 columns), 4 stages,
+    so three tiles are in flight per program; it is used from ``DOT_MIN_ROWS`` rows when N gives
+    at least one 16-column program an SM, else the FMA path takes the shape.
+    """
+    if num_rows >= DOT_MIN_ROWS and triton.cdiv(n, 16) >= num_sms:
+        block_n = next((b for b in (64, 32, 16) if triton.cdiv(n, b) >= PROGRAMS_PER_SM * num_sms), 16)
+        block_k = min(512 // element_size, max(16, triton.next_power_of_2(k)))
+        return GemvConfig(block_n, block_k, use_dot=True, num_warps=4, num_stages=4)
+    block_n = next((b for b in (16, 8, 4) if triton.cdiv(n, b) >= PROGRAMS_PER_SM * num_sms), 4)
+    block_k = min(FMA_TILE_BYTES // element_size // block_n, triton.next_power_of_2(k))
+    while block_k > 256 and k % block_k:
+        block_k //= 2
+    num_warps = max(1, min(8, block_n * block_k // (32 * 64)))
+    return GemvConfig(block_n, block_k, use_dot=False, num_warps=num_warps, num_stages=1)
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+         config: GemvConfig | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for at most ``MAX_ROWS`` rows of x; a new tensor ``[..., N]``."""
+    k = x.shape[-1]
+    if weight.dim() != 2 or weight.shape[1] != k:
+        raise ValueError(f"weight {tuple(weight.shape)} does not fit x {tuple(x.shape)}: it must be [N, {k}]")
+    if weight.dtype != x.dtype:
+        raise ValueError(f"x is {x.dtype} but the weight is {weight.dtype}: convert one of them")
+    if weight.stride(1) != 1 and weight.shape[1] > 1:
+        raise ValueError("gemv reads W rows as contiguous K: pass weight.contiguous()")
+    n = weight.shape[0]
+    if bias is not None and bias.shape != (n,):
+        raise ValueError(f"bias {tuple(bias.shape)} must be [{n}]")
+    rows = x.reshape(math.prod(x.shape[:-1]), k)  # a view for the usual [T, K] and for row-strided views
+    if rows.shape[0] > MAX_ROWS:
+        raise ValueError(f"gemv takes at most {MAX_ROWS} rows, got {rows.shape[0]}: use F.linear")
+    if rows.stride(1) != 1 and k > 1:
+        rows = rows.contiguous()
+    num_rows = rows.shape[0]
+    out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
+    if num_rows == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.zero_() if bias is None else out.copy_(bias.expand_as(out))
+    cfg = config or choose_config(num_rows, n, k, x.element_size(), num_sms(x.device))
+    if cfg.use_dot and cfg.block_n < 16:
+        raise ValueError(f"the dot path needs block_n >= 16, got {cfg}")
+    _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
+        rows, weight, bias if bias is not None else weight, out, n, k, rows.stride(0), weight.stride(0), n,
+        NUM_ROWS=num_rows, BLOCK_M=DOT_ROWS if cfg.use_dot else triton.next_power_of_2(num_rows),
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, USE_DOT=cfg.use_dot,
+        HAS_BIAS=bias is not None, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        UPCAST=x.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out

@@ -1,0 +1,148 @@
+"""The GEMV kernel against ``F.linear`` in float32 (the reference), in the interpreter on the CPU.
+
+Both inner products (FMA and tl.dot) run at tiles that leave tails in N and K, and at the tiles
+the heuristic picks; half-precision outputs must be within one step of the float32 result rounded
+to their dtype (the kernel rounds once, after the bias; the interpreter truncates instead of rounding).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from infer_core.builtin.quant_none import GEMV_MAX_ROWS, UnquantizedLinearMethod
+from infer_core.layers import fused
+from infer_core.layers.fused.gemv import MAX_ROWS, GemvConfig, choose_config, gemv
+
+# tails everywhere: N=37 leaves 5 of 16 (and 1 of 4) columns, K=45 leaves 13 of 16 and is no power of two
+N, K = 37, 45
+CONFIGS = {
+    "heuristic": None,
+    "fma-4x16": GemvConfig(block_n=4, block_k=16, use_dot=False, num_warps=1, num_stages=1),
+    "fma-8x64": GemvConfig(block_n=8, block_k=64, use_dot=False, num_warps=2, num_stages=1),
+    "dot-16x16": GemvConfig(block_n=16, block_k=16, use_dot=True, num_warps=4, num_stages=2),
+    "dot-32x64": GemvConfig(block_n=32, block_k=64, use_dot=True, num_warps=4, num_stages=2),
+}
+
+# (N, K) of every projection of Qwen3-0.6B, Qwen3-8B and Llama-3.1-8B: qkv, o, gate_up, down, LM head
+REAL_SHAPES = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (151936, 1024),
+               (6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096),
+               (28672, 4096), (4096, 14336), (128256, 4096)]
+
+
+def reference(x, w, b):
+    return F.linear(x.float(), w.float(), None if b is None else b.float())
+
+
+def inputs(num_rows: int, n: int, k: int, dtype: torch.dtype, device: str, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_rows, k, generator=gen).to(device, dtype)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(device, dtype)
+    b = torch.randn(n, generator=gen).to(device, dtype)
+    return x, w, b
+
+
+@pytest.mark.parametrize("num_rows", range(1, MAX_ROWS + 1))
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_every_row_count_and_tile(num_rows, config, device, assert_close_to_reference):
+    x, w, b = inputs(num_rows, N, K, torch.bfloat16, device, seed=num_rows)
+    for bias in (b, None):
+        y = gemv(x, w, bias, config=CONFIGS[config])
+        assert y.shape == (num_rows, N) and y.dtype == torch.bfloat16
+        assert_close_to_reference(y, reference(x, w, bias).to(torch.bfloat16), ulps=1)
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_other_dtypes(config, dtype, device, assert_close_to_reference):
+    x, w, b = inputs(5, N, K, dtype, device, seed=5)
+    y = gemv(x, w, b, config=CONFIGS[config])
+    assert y.dtype == dtype
+    assert_close_to_reference(y, reference(x, w, b).to(dtype), ulps=1, fp32_tol=1e-5)
+
+
+@pytest.mark.parametrize("config", ["heuristic", "fma-8x64", "dot-32x64"])
+def test_longer_k_in_several_steps(config, device, assert_close_to_reference):
+    """K=1000 in 16 steps of 64 (15 full, one tail of 40) and N=130 over several programs."""
+    x, w, b = inputs(3, 130, 1000, torch.bfloat16, device, seed=3)
+    assert_close_to_reference(gemv(x, w, b, config=CONFIGS[config]), reference(x, w, b).to(torch.bfloat16), ulps=1)
+
+
+@pytest.mark.parametrize("config", ["heuristic", "fma-4x16", "dot-16x16"])
+def test_strided_rows_and_leading_dims(config, device, assert_close_to_reference):
+    cfg = CONFIGS[config]
+    _, w, b = inputs(1, N, K, torch.bfloat16, device, seed=11)
+    wide = torch.randn(6, K + 9, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
+    for x in (wide[:, 4:4 + K], wide[::2, :K], wide[:, :K].t().contiguous().t()):  # row stride K+9, 2(K+9), 1
+        assert not x.is_contiguous()
+        assert_close_to_reference(gemv(x, w, b, config=cfg), reference(x, w, b).to(torch.bfloat16), ulps=1)
+    x3 = torch.randn(2, 3, K, generator=torch.Generator().manual_seed(2)).to(device, torch.bfloat16)
+    y3 = gemv(x3, w, None, config=cfg)
+    assert y3.shape == (2, 3, N)
+    assert_close_to_reference(y3, reference(x3, w, None).to(torch.bfloat16), ulps=1)
+
+
+def test_same_bits_every_call(device):
+    x, w, b = inputs(4, N, K, torch.bfloat16, device, seed=4)
+    for cfg in CONFIGS.values():
+        assert torch.equal(gemv(x, w, b, config=cfg), gemv(x, w, b, config=cfg))
+
+
+def test_empty_inputs(device):
+    w = torch.randn(N, K).to(device, torch.bfloat16)
+    assert gemv(torch.zeros(0, K, dtype=torch.bfloat16, device=device), w).shape == (0, N)
+    b = torch.randn(3).to(device, torch.bfloat16)
+    assert torch.equal(gemv(torch.zeros(2, 0, dtype=torch.bfloat16, device=device),
+                            torch.zeros(3, 0, dtype=torch.bfloat16, device=device), b), b.expand(2, 3))
+
+
+def test_bad_inputs_say_what_to_do(device):
+    x, w, b = inputs(2, N, K, torch.bfloat16, device)
+    with pytest.raises(ValueError, match="at most 8 rows"):
+        gemv(torch.zeros(9, K, dtype=torch.bfloat16, device=device), w)
+    with pytest.raises(ValueError, match="must be"):
+        gemv(x, w[:, :-1])
+    with pytest.raises(ValueError, match="convert"):
+        gemv(x.float(), w)
+    with pytest.raises(ValueError, match="contiguous"):
+        gemv(x[:, :8], torch.randn(8, 3).to(device, torch.bfloat16).t())
+    with pytest.raises(ValueError, match="block_n >= 16"):
+        gemv(x, w, config=GemvConfig(8, 16, True, 4, 2))
+
+
+@pytest.mark.parametrize("num_sms", [132, 114, 78])
+def test_heuristic_fills_the_gpu_at_real_shapes(num_sms):
+    """Each real shape: >= 1 program an SM (2 where the path's narrowest tile allows), no K tail, tiles that fit."""
+    for n, k in REAL_SHAPES:
+        for num_rows in range(1, MAX_ROWS + 1):
+            cfg = choose_config(num_rows, n, k, 2, num_sms)
+            programs, narrowest = -(-n // cfg.block_n), 16 if cfg.use_dot else 4
+            assert programs >= min(2 * num_sms, n // narrowest) and programs >= num_sms, (n, k, num_rows, cfg)
+            assert k % cfg.block_k == 0, (n, k, num_rows, cfg)
+            if cfg.use_dot:
+                assert num_rows >= 3 and cfg.block_n >= 16 and cfg.block_k >= 16
+                smem = cfg.num_stages * (16 + cfg.block_n) * cfg.block_k * 2
+                assert smem <= 200 << 10, (n, k, cfg)  # H100: 227 KiB a block
+            else:
+                assert cfg.block_n * cfg.block_k * 2 <= 16 << 10
+                assert cfg.block_n * cfg.block_k // (32 * cfg.num_warps) <= 64  # W values a thread a step
+    assert not choose_config(2, 151936, 4096, 2, 132).use_dot  # 1-2 rows: FMA
+    assert choose_config(8, 4096, 4096, 2, 132).use_dot
+    assert not choose_config(8, 1024, 3072, 2, 132).use_dot  # N=1024: 64 dot programs would idle half the SMs
+
+
+def test_linear_method_runs_f_linear_on_the_cpu():
+    """The dispatch is on CUDA tensors only: on the CPU ``apply`` is F.linear bit for bit, GEMV on or off."""
+    assert GEMV_MAX_ROWS == MAX_ROWS
+    assert "gemv" in fused.OPS
+    layer = nn.Module()
+    method = UnquantizedLinearMethod()
+    method.create_weights(layer, K, [N], torch.bfloat16)
+    layer.weight.data.copy_(torch.randn(N, K))
+    x, bias = torch.randn(3, K).to(torch.bfloat16), torch.randn(N).to(torch.bfloat16)
+    for impl in fused.FusedImpl:
+        method.impl = impl
+        assert not method.use_gemv(x, layer.weight)
+        assert torch.equal(method.apply(layer, x, bias), F.linear(x, layer.weight, bias))

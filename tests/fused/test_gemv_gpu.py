@@ -1,0 +1,116 @@
+"""The GEMV kernel on CUDA at the real projection shapes: against F.linear in float64, graph replay
+equal to eager bit for bit, and the linear layers' dispatch to it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from infer_core.builtin.quant_none import UnquantizedLinearMethod
+from infer_core.layers import fused
+from infer_core.layers.fused.gemv import MAX_ROWS, GemvConfig, choose_config, gemv, num_sms
+
+pytestmark = pytest.mark.gpu
+
+# (N, K): qkv, o, gate_up, down, LM head
+SHAPES = {
+    "qwen3-0.6b": [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (151936, 1024)],
+    "qwen3-8b": [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)],
+    "llama-3.1-8b": [(28672, 4096), (4096, 14336), (128256, 4096)],
+}
+ROWS = [1, 2, 3, 4, 5, 8]
+
+
+def weights(n: int, k: int, dtype=torch.bfloat16, seed: int = 0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    w = (torch.randn(n, k, device="cuda", generator=gen) / k**0.5).to(dtype)
+    b = torch.randn(n, device="cuda", generator=gen).to(dtype)
+    return w, b
+
+
+def rows(num_rows: int, k: int, dtype=torch.bfloat16, seed: int = 1):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(num_rows, k, device="cuda", generator=gen).to(dtype)
+
+
+@pytest.mark.parametrize("model", sorted(SHAPES))
+def test_real_shapes_match_f_linear(model, assert_close_to_reference):
+    for n, k in SHAPES[model]:
+        w, b = weights(n, k)
+        w64 = w.double()
+        for num_rows in ROWS:
+            x = rows(num_rows, k, seed=num_rows)
+            for bias in (None, b):
+                expected = F.linear(x.double(), w64, None if bias is None else bias.double())
+                # one rounding of the exact sum: within a step (cuBLAS's bf16 F.linear may reduce split-K
+                # partials in bf16, allow_bf16_reduced_precision_reduction, so it is not the reference)
+                assert_close_to_reference(gemv(x, w, bias), expected.to(torch.bfloat16), ulps=1)
+        del w64
+
+
+@pytest.mark.parametrize("use_dot", [False, True])
+@pytest.mark.parametrize("n,k", [(4096, 1024), (1024, 3072), (1000, 1000), (777, 4095)])
+def test_both_paths_and_unaligned_shapes(use_dot, n, k, assert_close_to_reference):
+    """Each inner product at every row count, also where K rows are not 16-byte aligned (no vector loads)."""
+    for dtype in (torch.bfloat16, torch.float16):
+        w, b = weights(n, k, dtype)
+        for num_rows in range(1, MAX_ROWS + 1):
+            x = rows(num_rows, k, dtype, seed=num_rows)
+            cfg = choose_config(num_rows, n, k, 2, num_sms(x.device))
+            if cfg.use_dot != use_dot:
+                cfg = (GemvConfig(32, 256, True, 4, 4) if use_dot
+                       else GemvConfig(8, 1024, False, 4, 1))
+            expected = F.linear(x.double(), w.double(), b.double()).to(dtype)
+            assert_close_to_reference(gemv(x, w, b, config=cfg), expected, ulps=1)
+
+
+@pytest.mark.parametrize("num_rows", [1, 2, 4, 8])
+def test_graph_replay_equals_eager_bit_for_bit(num_rows):
+    layers = [weights(n, k, seed=i) for i, (n, k) in enumerate(SHAPES["qwen3-0.6b"] + SHAPES["qwen3-8b"][:1])]
+    static_x = {k: torch.zeros(num_rows, k, dtype=torch.bfloat16, device="cuda") for _, k in
+                (w.shape for w, _ in layers)}
+
+    def forward():
+        return [gemv(static_x[w.shape[1]], w, b) for w, b in layers]
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        forward()  # compiled before the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            static_out = forward()
+    torch.cuda.current_stream().wait_stream(stream)
+    for seed in range(3):
+        for k, buf in static_x.items():
+            buf.copy_(rows(num_rows, k, seed=seed + k))
+        graph.replay()
+        eager = forward()
+        again = forward()
+        for got, want, want_again in zip(static_out, eager, again):
+            assert torch.equal(got, want) and torch.equal(want, want_again)
+
+
+def test_linear_method_dispatch():
+    n, k = 6144, 1024
+    layer = nn.Module()
+    method = UnquantizedLinearMethod()
+    method.create_weights(layer, k, [n], torch.bfloat16)
+    w, b = weights(n, k)
+    layer.weight.data = w
+    method.impl = fused.FusedImpl.TRITON
+    for num_rows in range(1, MAX_ROWS + 1):
+        x = rows(num_rows, k, seed=num_rows)
+        assert method.use_gemv(x, layer.weight)
+        assert torch.equal(method.apply(layer, x, b), gemv(x, w, b))
+        assert torch.equal(method.apply(layer, x[None], b), gemv(x[None], w, b))  # leading dims are rows too
+    for x in (rows(MAX_ROWS + 1, k), rows(2, k).float()):  # a GEMM; a dtype the kernel is not used for
+        assert not method.use_gemv(x, layer.weight)
+    x = rows(MAX_ROWS + 1, k)
+    assert torch.equal(method.apply(layer, x, b), F.linear(x, w, b))
+    method.impl = fused.FusedImpl.TORCH
+    x = rows(4, k)
+    assert not method.use_gemv(x, layer.weight)
+    assert torch.equal(method.apply(layer, x, b), F.linear(x, w, b))
