@@ -20,7 +20,7 @@ from infer_core.layers.fused.gemv import MAX_ROWS, GemvConfig, choose_config, ge
 N, K = 37, 45
 CONFIGS = {
     "heuristic": None,
-    "fma-4x16": GemvConfig(block_n=4, block_k=16, use_dot=False, num_warps=1, num_stages=1),
+    "fma-4x16": GemvConfig(block_n=4, block_k=16, use_dot=False, num_warps=1, num_stages=3),
     "fma-8x64": GemvConfig(block_n=8, block_k=64, use_dot=False, num_warps=2, num_stages=1),
     "dot-16x16": GemvConfig(block_n=16, block_k=16, use_dot=True, num_warps=4, num_stages=2),
     "dot-32x64": GemvConfig(block_n=32, block_k=64, use_dot=True, num_warps=4, num_stages=2),

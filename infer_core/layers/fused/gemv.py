@@ -12,9 +12,11 @@ it would run inside graph capture):
 
 - ``fma``: per K tile, one ``[BLOCK_N, BLOCK_K]`` load of W and for each row m a multiply by
   ``x[m]`` and a sum over K. Tiles can be as narrow as 4 columns, so N=1024 still gives 256 programs.
+  Rows are padded to a power of two (the padding repeats the last row and is not stored), so one
+  compiled variant serves M=5..8 and the graphs' batch sizes 1, 2, 4, 8 need four.
 - ``dot``: ``tl.dot`` of x padded to 16 rows (masked rows are not read) with the W tile: tensor
   cores do the M=3..8 products the FMA path would spend its issue slots on, and Triton's pipeliner
-  keeps ``num_stages - 1`` W tiles in flight. Needs ``BLOCK_N >= 16``.
+  keeps ``num_stages - 1`` W tiles in flight. Needs ``BLOCK_N >= 16``; one variant for every M.
 """
 
 from __future__ import annotations
@@ -45,18 +47,18 @@ class GemvConfig:
     num_stages: int
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows"])
 def _gemv_kernel(
     x_ptr,
     w_ptr,
     bias_ptr,
     y_ptr,
+    num_rows,
     N,
     K,
     stride_xm,
     stride_wn,
     stride_ym,
-    NUM_ROWS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -65,6 +67,7 @@ def _gemv_kernel(
     HAS_BIAS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     # the last program's columns past N re-read row N-1 (in bounds, no mask on W) and are not stored
@@ -75,7 +78,7 @@ def _gemv_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if USE_DOT:
         x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
-        row_ok = offs_m[:, None] < NUM_ROWS
+        row_ok = offs_m[:, None] < num_rows
         for k0 in range(0, K, BLOCK_K):
             if EVEN_K:
                 w = tl.load(w_ptrs)
@@ -91,26 +94,29 @@ def _gemv_kernel(
             w_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
     else:
-        for k0 in range(0, K, BLOCK_K):
+        # an explicit loop stage count lets Triton pipeline loads that feed no dot (cp.async into shared memory)
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
             k = k0 + offs_k
             if EVEN_K:
                 w = tl.load(w_ptrs).to(tl.float32)
             else:
                 w = tl.load(w_ptrs, mask=(k < K)[None, :], other=0.0).to(tl.float32)
-            for m in tl.static_range(NUM_ROWS):
+            for m in tl.static_range(BLOCK_M):
+                x_row = x_ptr + tl.minimum(m, num_rows - 1) * stride_xm  # rows past num_rows: repeats, not stored
                 if EVEN_K:
-                    xm = tl.load(x_ptr + m * stride_xm + k)
+                    xm = tl.load(x_row + k)
                 else:
-                    xm = tl.load(x_ptr + m * stride_xm + k, mask=k < K, other=0.0)
+                    xm = tl.load(x_row + k, mask=k < K, other=0.0)
                 part = tl.sum(w * xm.to(tl.float32)[None, :], axis=1)
                 acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
             w_ptrs += BLOCK_K
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     y_ptrs = y_ptr + offs_m[:, None] * stride_ym + cols[None, :]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m[:, None] < NUM_ROWS) & (cols[None, :] < N))
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m[:, None] < num_rows) & (cols[None, :] < N))
 
 
+@functools.lru_cache(maxsize=4096)  # called per linear layer per eager step: keep it a dict lookup
 def choose_config(num_rows: int, n: int, k: int, element_size: int, num_sms: int) -> GemvConfig:
     """Tiles for one shape, from the shape alone (the same choice eagerly and under graph capture).
 
@@ -119,10 +125,13 @@ def choose_config(num_rows: int, n: int, k: int, element_size: int, num_sms: int
     64), so no SM idles and a program can be loading while another on its SM sums.
     FMA: a 16 KiB W tile a step, as wide in K as the columns leave (up to all of K, so small
     matrices issue every load at once), shrunk to a power of two dividing K where one >= 256 does
-    (K=3072 -> 1024: no masked tail); 64 values a thread (4 warps), one stage (the loads of a step
-    are all issued before its sums). Dot: 512-byte K steps (256 bf16; 16 KiB of W at 32 columns), 4 stages,
-    so three tiles are in flight per program; it is used from ``DOT_MIN_ROWS`` rows when N gives
-    at least one 16-column program an SM, else the FMA path takes the shape.
+    (K=3072 -> 1024: no masked tail); 64 values a thread (4 warps at 16 KiB); a program of several
+    K steps keeps two more in flight (3 stages: cp.async into shared memory), one of a single step
+    needs none (its loads are all issued before its sums).
+    Dot: 512-byte K steps (256 bf16: 16 KiB of W at 32 columns) in 4 stages, so three tiles are in
+    flight per program; used from ``DOT_MIN_ROWS`` rows when N gives at least one 16-column
+    program an SM, else the FMA path takes the shape.
+    These are reasoned, not yet measured: ``python -m benchmarks.gemv --sweep`` times the alternatives.
     """
     if num_rows >= DOT_MIN_ROWS and triton.cdiv(n, 16) >= num_sms:
         block_n = next((b for b in (64, 32, 16) if triton.cdiv(n, b) >= PROGRAMS_PER_SM * num_sms), 16)
@@ -133,7 +142,8 @@ def choose_config(num_rows: int, n: int, k: int, element_size: int, num_sms: int
     while block_k > 256 and k % block_k:
         block_k //= 2
     num_warps = max(1, min(8, block_n * block_k // (32 * 64)))
-    return GemvConfig(block_n, block_k, use_dot=False, num_warps=num_warps, num_stages=1)
+    num_stages = 1 if block_k >= k else 3
+    return GemvConfig(block_n, block_k, use_dot=False, num_warps=num_warps, num_stages=num_stages)
 
 
 @functools.cache
@@ -175,11 +185,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if cfg.use_dot and cfg.block_n < 16:
         raise ValueError(f"the dot path needs block_n >= 16, got {cfg}")
     _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
-        rows, weight, bias if bias is not None else weight, out, n, k, rows.stride(0), weight.stride(0), n,
-        NUM_ROWS=num_rows, BLOCK_M=DOT_ROWS if cfg.use_dot else triton.next_power_of_2(num_rows),
+        rows, weight, bias if bias is not None else weight, out, num_rows, n, k, rows.stride(0), weight.stride(0), n,
+        BLOCK_M=DOT_ROWS if cfg.use_dot else triton.next_power_of_2(num_rows),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, USE_DOT=cfg.use_dot,
         HAS_BIAS=bias is not None, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         UPCAST=x.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

@@ -1,0 +1,201 @@
+"""Projections at decode batch sizes: our Triton GEMV against F.linear (cuBLAS), on one GPU.
+
+Every linear layer of Qwen3-0.6B, Qwen3-8B and Llama-3.1-8B (qkv, o, gate_up, down, LM head; shapes
+from ``benchmarks/configs``), bfloat16, at 1, 2, 4 and 8 rows. Both systems are timed whatever
+``infer_core.layers.fused.GEMV`` says. Figures per cell:
+
+- ``time_us``: one call, as a decode step's CUDA graph runs it: a graph of C back-to-back calls on C
+  distinct copies of W (C so that the copies hold >= 64 MiB; 1 for the big ones), L2 flushed before
+  each replay, median of 50 replays, divided by C. So each call reads W from HBM and pays the gap
+  between kernels of a graph, not the host's launch;
+- ``eager_us``: ``triton.testing.do_bench`` median of plain calls (host launch and Python included);
+- ``gb_s``: bytes that must move (W, x, y, bias once) over ``time_us``; ``copy_bw_share``: that over
+  the device-to-device copy bandwidth measured in the same run (the ``floor`` rows: those bytes at
+  that bandwidth);
+- ``max_ulps``: largest distance from the float32 result rounded to bfloat16, in bfloat16 steps.
+
+A per-model line sums one decode step's projections (layers x (qkv + o + gate_up + down) + LM head).
+``--sweep`` also times a grid of tile choices per cell and prints the best next to the heuristic's,
+to retune ``choose_config`` (slow: a compile per tile and row count; use ``--models``/``--rows``).
+
+    python -m benchmarks.gemv --out DIR [--models Qwen3-0.6B ...] [--rows 1 8] [--sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from benchmarks.attention import bench_ms, copy_bandwidth, graph_ms
+from benchmarks.common import versions, write_result
+from benchmarks.fused_ops import max_ulps
+from infer_core.layers import fused
+from infer_core.layers.fused.gemv import GemvConfig, choose_config, gemv
+from infer_core.models.config import load_model_config
+
+CONFIGS = Path(__file__).parent / "configs"
+MODELS = ("Qwen3-0.6B", "Qwen3-8B", "Llama-3.1-8B")
+ROWS = (1, 2, 4, 8)
+DTYPE = torch.bfloat16
+COLD_BYTES = 64 << 20  # weight copies per graph: past the 50 MiB L2 of an H100
+MAX_COPIES = 32
+GB = 1e9
+DEVICE = "cuda"
+
+
+@dataclass(frozen=True, slots=True)
+class Projection:
+    model: str
+    name: str
+    n: int
+    k: int
+    has_bias: bool
+    per_step: int  # calls in one decode step (layers, or 1 for the LM head)
+
+
+def projections(model: str) -> list[Projection]:
+    c = load_model_config(CONFIGS / model)
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    L = c.num_layers
+    return [Projection(model, "qkv", q + 2 * kv, c.hidden_size, c.qkv_bias, L),
+            Projection(model, "o", c.hidden_size, q, c.o_bias, L),
+            Projection(model, "gate_up", 2 * c.intermediate_size, c.hidden_size, c.mlp_bias, L),
+            Projection(model, "down", c.hidden_size, c.intermediate_size, c.mlp_bias, L),
+            Projection(model, "lm_head", c.vocab_size, c.hidden_size, False, 1)]
+
+
+def sweep_configs(num_rows: int, n: int, k: int) -> list[GemvConfig]:
+    """FMA: 16/32 KiB tiles at 4..16 columns, 32 or 64 values a thread, 1 or 3 stages; dot: 16..64 columns."""
+    found = []
+    for block_n in (4, 8, 16):
+        for tile in (8192, 16384):
+            block_k = min(tile // block_n, triton.next_power_of_2(k))
+            while block_k > 256 and k % block_k:
+                block_k //= 2
+            for per_thread in (32, 64):
+                warps = max(1, min(16, block_n * block_k // (32 * per_thread)))
+                for stages in (1, 3) if block_k < k else (1,):
+                    found.append(GemvConfig(block_n, block_k, False, warps, stages))
+    for block_n in (16, 32, 64):
+        for block_k in (128, 256):
+            for stages in (3, 5):
+                found.append(GemvConfig(block_n, block_k, True, 4, stages))
+    return sorted(set(found), key=lambda c: (c.use_dot, c.block_n, c.block_k, c.num_warps, c.num_stages))
+
+
+class Cell:
+    """One projection at one row count: x, C copies of W (and bias), the float32 reference."""
+
+    def __init__(self, proj: Projection, num_rows: int) -> None:
+        gen = torch.Generator(device=DEVICE).manual_seed(num_rows)
+        w_bytes = proj.n * proj.k * 2
+        self.copies = max(1, min(MAX_COPIES, math.ceil(COLD_BYTES / w_bytes)))
+        self.x = torch.randn(num_rows, proj.k, device=DEVICE, generator=gen).to(DTYPE)
+        self.weights = [(torch.randn(proj.n, proj.k, device=DEVICE, generator=gen) / proj.k**0.5).to(DTYPE)
+                        for _ in range(self.copies)]
+        self.bias = torch.randn(proj.n, device=DEVICE, generator=gen).to(DTYPE) if proj.has_bias else None
+        w0 = self.weights[0]
+        self.expected = F.linear(self.x.float(), w0.float(), None if self.bias is None else self.bias.float())
+        self.expected = self.expected.to(DTYPE)
+        self.num_bytes = (w_bytes + (num_rows * proj.k + num_rows * proj.n) * 2
+                          + (proj.n * 2 if proj.has_bias else 0))
+
+    def measure(self, op, copy_bw: float, with_eager: bool = True) -> dict:
+        got = op(self.x, self.weights[0], self.bias)
+        t_us = 1e3 * graph_ms(lambda: [op(self.x, w, self.bias) for w in self.weights]) / self.copies
+        row = {"time_us": round(t_us, 2), "gb_s": round(self.num_bytes / (t_us * 1e-6) / GB, 1),
+               "copy_bw_share": round(self.num_bytes / (t_us * 1e-6) / copy_bw, 3),
+               "max_ulps": max_ulps(got, self.expected)}
+        if with_eager:
+            row["eager_us"] = round(1e3 * bench_ms(lambda: op(self.x, self.weights[0], self.bias)), 2)
+        return row
+
+
+def sweep(cell: Cell, copy_bw: float) -> list[dict]:
+    rows = []
+    num_rows, (n, k) = cell.x.shape[0], cell.weights[0].shape
+    for cfg in sweep_configs(num_rows, n, k):
+        try:
+            row = cell.measure(lambda x, w, b, cfg=cfg: gemv(x, w, b, config=cfg), copy_bw, with_eager=False)
+        except Exception as exc:  # a tile past the SM's shared memory or registers: listed, not timed
+            rows.append({"system": "triton-sweep", "config": asdict(cfg), "error": type(exc).__name__})
+            continue
+        rows.append({"system": "triton-sweep", "config": asdict(cfg), **row})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=None, help="folder of the results JSON (default: results/)")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--rows", nargs="+", type=int, default=list(ROWS), help="rows of x (1..8)")
+    parser.add_argument("--sweep", action="store_true", help="also time a grid of tiles per cell")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks.gemv needs a CUDA device")
+    torch.backends.cuda.matmul.allow_tf32 = False  # the float32 reference
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    copy_bw = copy_bandwidth()
+    print(f"copy bandwidth {copy_bw / GB:.0f} GB/s, {num_sms} SMs; per-call times from CUDA-graph replays of "
+          f"back-to-back calls on distinct W copies, L2 flushed; fused.GEMV = {fused.GEMV.value}")
+    header = (f"{'model':<13} {'proj':<8} {'N':>6} {'K':>6} {'M':>2} | {'cuBLAS us':>9} {'GB/s':>5} | "
+              f"{'triton us':>9} {'GB/s':>5} {'share':>5} | {'speedup':>7} {'floor us':>8} | config")
+    print(f"{header}\n{'-' * len(header)}")
+    results, totals = [], {}
+    for model in args.models:
+        for proj in projections(model):
+            for num_rows in args.rows:
+                cell = Cell(proj, num_rows)
+                cfg = choose_config(num_rows, proj.n, proj.k, 2, num_sms)
+                base = {"model": model, "projection": proj.name, "n": proj.n, "k": proj.k,
+                        "num_rows": num_rows, "bytes": cell.num_bytes, "copies": cell.copies}
+                cublas = {"system": "f-linear", **cell.measure(F.linear, copy_bw)}
+                ours = {"system": "triton-gemv", "config": asdict(cfg), **cell.measure(gemv, copy_bw)}
+                floor_us = cell.num_bytes / copy_bw * 1e6
+                results += [{**base, **cublas}, {**base, **ours},
+                            {**base, "system": "floor", "time_us": round(floor_us, 2)}]
+                for system, t in (("f-linear", cublas["time_us"]), ("triton-gemv", ours["time_us"]),
+                                  ("floor", floor_us)):
+                    key = (model, num_rows, system)
+                    totals[key] = totals.get(key, 0.0) + t * proj.per_step
+                kind = f"{'dot' if cfg.use_dot else 'fma'} {cfg.block_n}x{cfg.block_k} " \
+                       f"w{cfg.num_warps} s{cfg.num_stages}"
+                print(f"{model:<13} {proj.name:<8} {proj.n:>6} {proj.k:>6} {num_rows:>2} | "
+                      f"{cublas['time_us']:>9.2f} {cublas['gb_s']:>5.0f} | {ours['time_us']:>9.2f} "
+                      f"{ours['gb_s']:>5.0f} {ours['copy_bw_share']:>5.2f} | "
+                      f"{cublas['time_us'] / ours['time_us']:>6.2f}x {floor_us:>8.2f} | {kind}", flush=True)
+                if args.sweep:
+                    swept = sweep(cell, copy_bw)
+                    results += [{**base, **row} for row in swept]
+                    timed = [r for r in swept if "time_us" in r]
+                    best = min(timed, key=lambda r: r["time_us"])
+                    print(f"{'':<40} sweep: best {best['time_us']:.2f} us {best['config']} "
+                          f"({len(timed)} tiles timed)", flush=True)
+                del cell
+        torch.cuda.empty_cache()
+    print("\none decode step's projections (layers x 4 + LM head), us:")
+    for model in args.models:
+        for num_rows in args.rows:
+            f_lin, ours, floor = (totals[(model, num_rows, s)] for s in ("f-linear", "triton-gemv", "floor"))
+            print(f"  {model:<13} M={num_rows}: cuBLAS {f_lin:8.1f}  triton {ours:8.1f}  floor {floor:8.1f}  "
+                  f"({f_lin / ours:.2f}x)")
+            results.append({"model": model, "projection": "decode-step", "num_rows": num_rows, "system": "sum",
+                            "f_linear_us": round(f_lin, 1), "triton_gemv_us": round(ours, 1),
+                            "floor_us": round(floor, 1)})
+    settings = {"dtype": "bfloat16", "rows": args.rows, "models": args.models, "num_sms": num_sms,
+                "copy_bandwidth_gb_s": round(copy_bw / GB, 1), "gemv_default": fused.GEMV.value,
+                "timing": "time_us: CUDA-graph replay of C back-to-back calls on C distinct W copies (>= 64 MiB), "
+                          "L2 flushed before each replay, median of 50, / C; eager_us: do_bench median of plain "
+                          "calls", "sweep": args.sweep, "versions": versions("triton")}
+    path = write_result("gemv", settings, results, args.out)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
