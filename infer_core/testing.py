@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from infer_core.interfaces import PendingOutput
+
 # Shapes small enough for the CPU, with GQA (4 query heads per KV head pair) and 2 layers.
 _BASE: dict[str, Any] = dict(
     vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -109,20 +111,27 @@ class LogitsRecorder:
     def __enter__(self) -> LogitsRecorder:
         executor = self.engine.executor
         executor.collective_rpc("set_return_logits", True)
-        self._execute = executor.execute
+        self._execute = executor.execute_async
+        recorder = self
 
-        def execute(scheduler_output):
-            output = self._execute(scheduler_output)
-            for request_id, rows in zip(output.request_ids, output.logits or []):
-                if rows is not None:
-                    self.logits.setdefault(request_id, []).extend(rows)
-            return output
+        class Recorded(PendingOutput):
+            def __init__(self, pending: PendingOutput) -> None:
+                self.pending, self.seen = pending, False
 
-        executor.execute = execute
+            def result(self):
+                output = self.pending.result()
+                if not self.seen:
+                    self.seen = True
+                    for request_id, rows in zip(output.request_ids, output.logits or []):
+                        if rows is not None:
+                            recorder.logits.setdefault(request_id, []).extend(rows)
+                return output
+
+        executor.execute_async = lambda scheduler_output: Recorded(self._execute(scheduler_output))
         return self
 
     def __exit__(self, *exc) -> None:
-        self.engine.executor.execute = self._execute
+        self.engine.executor.execute_async = self._execute
         self.engine.executor.collective_rpc("set_return_logits", False)
 
 

@@ -127,7 +127,7 @@ def test_a_failed_step_fails_every_stream_and_marks_the_engine_dead(tiny_checkpo
             def broken(_):  # a device fault in the middle of serving
                 raise RuntimeError("simulated device fault")
 
-            engine.engine.executor.execute = broken
+            engine.engine.executor.execute_async = broken  # what the engine's step calls
             with pytest.raises(EngineDeadError, match="simulated device fault"):
                 async for _ in stream:
                     pass

@@ -120,16 +120,16 @@ def test_completion_ids_of_n_do_not_collide(engine):
 def test_a_failed_step_stops_the_engine(engine):
     """Ctrl-C (or any error) inside a step leaves its state half-updated: the engine refuses to go on."""
     engine.add_request("x", list(range(3, 40)), GREEDY)
-    execute = engine.executor.execute
+    execute = engine.executor.execute_async  # what the engine's step calls
 
     def interrupted(scheduler_output):
         execute(scheduler_output)
         raise KeyboardInterrupt
 
-    engine.executor.execute = interrupted
+    engine.executor.execute_async = interrupted
     with pytest.raises(KeyboardInterrupt):
         engine.step()
-    engine.executor.execute = execute
+    engine.executor.execute_async = execute
     from infer_core.errors import EngineDeadError
 
     with pytest.raises(EngineDeadError, match="restart it"):

@@ -8,6 +8,8 @@ from infer_core.interfaces import Executor, ParallelContext, ParallelStrategy
 
 
 class SingleExecutor(Executor):
+    supports_overlap = True  # the runner is in this process and reads pending tokens on its device
+
     def __init__(self, engine_config: Any) -> None:
         from infer_core.runner.worker import Worker
 
@@ -21,6 +23,9 @@ class SingleExecutor(Executor):
 
     def execute(self, scheduler_output):
         return self.worker.execute(scheduler_output)
+
+    def execute_async(self, scheduler_output):
+        return self.worker.execute_async(scheduler_output)
 
     def collective_rpc(self, method: str, *args: Any) -> list[Any]:
         return [getattr(self.worker, method)(*args)]

@@ -5,6 +5,10 @@ first (a decode costs one token, an unfinished prompt a chunk), then on waiting 
 arrival order. When the pool runs out of blocks the newest running request is preempted: its
 blocks are freed and it goes back to the front of the queue to be recomputed later (cheaply,
 when its blocks are still in the prefix cache).
+
+The engine may plan step N+1 before step N's result is back (overlapped scheduling): a request
+then counts step N's tokens as in flight, and the token step N samples for it as pending, whose
+id the runner reads on the device. A request whose pending token is its last is not scheduled again.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ def _age(request: Request) -> tuple[float, int]:
 
 
 class FCFSScheduler(Scheduler):
+    supports_overlap = True
+
     def __init__(self, config, kv_allocator) -> None:
         super().__init__(config, kv_allocator)
         self.waiting: deque[Request] = deque()
@@ -94,6 +100,8 @@ class FCFSScheduler(Scheduler):
         self.kv_allocator.free(request.request_id)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.num_inflight_tokens = 0
+        request.num_pending_tokens = 0  # a token still in flight is dropped; it is sampled again on resume
         request.num_synced_tokens = 0
         request.num_kv_slots = 0
         request.num_preemptions += 1
@@ -107,7 +115,8 @@ class FCFSScheduler(Scheduler):
         Drafts ride along a decode step only, all of them or none, and never past max_model_len
         or max_tokens.
         """
-        pending = request.num_tokens - request.num_computed_tokens
+        pending = (request.num_tokens + request.num_pending_tokens
+                   - request.num_computed_tokens - request.num_inflight_tokens)
         drafts: list[int] = []
         if pending == 1 and request.spec_token_ids:
             room = min(self.config.max_model_len - request.num_tokens,
@@ -137,8 +146,12 @@ class FCFSScheduler(Scheduler):
             request_id = request.request_id
             all_token_ids = request.all_token_ids
             num_tokens = len(all_token_ids)
-            num_computed = request.num_computed_tokens
-            if num_tokens - num_computed == 1 and not request.spec_token_ids:
+            num_pending = request.num_pending_tokens
+            num_computed = request.num_computed_tokens + request.num_inflight_tokens
+            if num_tokens + num_pending - num_computed == 1 and not request.spec_token_ids:
+                if num_pending and (num_tokens + num_pending - request.num_prompt_tokens >= request.max_tokens
+                                    or num_tokens + num_pending >= max_model_len):
+                    continue  # its last token is in flight: it ends when that step returns
                 num_new, drafts = 1, None  # a plain decode step, the common case (budget > 0 here)
             else:
                 num_new, drafts = self._num_new_tokens(request, budget)
@@ -163,8 +176,11 @@ class FCFSScheduler(Scheduler):
                 request.num_kv_slots = allocator.num_blocks_for(target) * block_size
             num_synced = request.num_synced_tokens
             new_token_ids = [all_token_ids[-1]] if num_synced == num_tokens - 1 else all_token_ids[num_synced:]
-            cached_requests.append(CachedRequestData(request_id, new_token_ids, new_blocks, num_computed))
+            cached_requests.append(CachedRequestData(request_id, new_token_ids, new_blocks, num_computed, num_pending))
             num_scheduled_tokens[request_id] = num_new
+            request.num_inflight_tokens += num_new
+            if num_computed + num_new >= num_tokens + num_pending:
+                request.num_pending_tokens = num_pending + 1  # this step samples for it
             if drafts:
                 out.spec_token_ids[request_id] = list(drafts)
             request.num_synced_tokens = num_tokens
@@ -205,6 +221,9 @@ class FCFSScheduler(Scheduler):
         out.num_scheduled_tokens[request.request_id] = num_new
         if drafts:
             out.spec_token_ids[request.request_id] = list(drafts)
+        request.num_inflight_tokens = num_new
+        if request.num_computed_tokens + num_new >= request.num_tokens:
+            request.num_pending_tokens = 1  # the whole prompt is in: this step samples
         request.num_synced_tokens = request.num_tokens
         self.kv_allocator.cache_blocks(request.request_id, request.all_token_ids,
                                        min(request.num_computed_tokens + num_new, request.num_tokens))
@@ -223,10 +242,13 @@ class FCFSScheduler(Scheduler):
                 continue  # finished or preempted while the step ran
             tokens = accepted.get(request_id, ())
             num_computed = num_scheduled_tokens[request_id]
+            request.num_inflight_tokens -= num_computed
             spec = spec_token_ids.get(request_id) if spec_token_ids else None
             if spec:
                 num_computed -= len(spec) + 1 - len(tokens)  # the rejected drafts
             request.num_computed_tokens += num_computed
+            if tokens:
+                request.num_pending_tokens -= 1  # the step that sampled them is back
             if len(tokens) == 1:  # a decode step
                 new_tokens = [tokens[0]]
                 finished = request.append_output_token(tokens[0], max_len)

@@ -2,6 +2,11 @@
 
 ``add_request`` tokenizes and admits (or refuses) a request; ``step`` runs one scheduled forward
 pass and returns the outputs that progressed; ``abort`` ends a request and frees its KV blocks.
+
+With overlapped scheduling (``async_scheduling``, where executor, scheduler and decoding policy
+allow it) ``step`` launches step N+1 before it reads step N's tokens: the host's scheduling, input
+preparation and output processing then run while the device computes. A request that stopped in
+step N has one more token computed in step N+1, which is dropped.
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ from typing import Any
 from infer_core.engine.output_processor import OutputProcessor
 from infer_core.errors import EngineDeadError, RequestError, SettingsError
 from infer_core.interfaces import (
+    PendingOutput,
     Request,
     RequestStatus,
     SchedulerConfig,
+    SchedulerOutput,
     SchedulerStats,
 )
 from infer_core.loader import EngineSpec, assemble
@@ -70,6 +77,9 @@ class Engine:
         except BaseException:
             self.executor.shutdown()  # no worker outlives a failed start
             raise
+        self.overlap = (settings.async_scheduling and self.executor.supports_overlap
+                        and self.scheduler.supports_overlap and not self.decoding.num_speculative_tokens)
+        self._in_flight: tuple[SchedulerOutput, PendingOutput] | None = None  # launched, not yet read
         self.outputs = OutputProcessor(self.tokenizer)
         self.counters = EngineCounters()
         self._ids = itertools.count()
@@ -177,14 +187,15 @@ class Engine:
     # the step loop ---------------------------------------------------------------------------
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.outputs.parents) or self.scheduler.num_unfinished > 0
+        return bool(self.outputs.parents) or self.scheduler.num_unfinished > 0 or self._in_flight is not None
 
     def _check_alive(self) -> None:
         if self.is_dead:
             raise EngineDeadError("the engine stopped after an error; restart it")
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled step; return the RequestOutputs that progressed.
+        """Run one scheduled step; return the RequestOutputs that progressed (overlapped: those of
+        the previous step, read while this one runs).
 
         A failure (or KeyboardInterrupt) mid-step leaves scheduler, KV cache and outputs out of
         step with each other, so the engine is then dead: further calls raise EngineDeadError.
@@ -203,9 +214,19 @@ class Engine:
             scheduler_output = self.scheduler.schedule()
             for request in drafted:
                 request.spec_token_ids = []  # drafts are good for one step only
-        runner_output = self.executor.execute(scheduler_output)
-        if scheduler_output.is_empty and self.scheduler.num_unfinished:
+        launched = (scheduler_output, self.executor.execute_async(scheduler_output))
+        previous, self._in_flight = self._in_flight, None
+        if scheduler_output.is_empty and previous is None and self.scheduler.num_unfinished:
             raise RuntimeError("the scheduler made no progress with requests pending; this is a bug")
+        outputs = self._finish_step(*previous) if previous is not None else []
+        if self.overlap and not scheduler_output.is_empty:
+            self._in_flight = launched  # read by the next call, while the step after it runs
+            return outputs
+        return outputs + self._finish_step(*launched)
+
+    def _finish_step(self, scheduler_output: SchedulerOutput, pending: PendingOutput) -> list[RequestOutput]:
+        """Read a launched step's tokens and advance requests, outputs and counters by them."""
+        runner_output = pending.result()
         with step_range("infer.process_outputs"):
             accepted = self.decoding.accept(scheduler_output, runner_output)
             updates = self.scheduler.update(scheduler_output, runner_output, accepted)

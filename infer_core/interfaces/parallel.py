@@ -11,7 +11,7 @@ from infer_core.interfaces.context import RuntimeComponent
 if TYPE_CHECKING:
     import torch
 
-    from infer_core.interfaces.scheduling import RunnerOutput, SchedulerOutput
+    from infer_core.interfaces.scheduling import PendingOutput, RunnerOutput, SchedulerOutput
 
 
 class Communicator(ABC):
@@ -66,7 +66,14 @@ class ParallelContext:
 
 
 class Executor(ABC):
-    """Runs the model runner on every rank; the engine talks only to this."""
+    """Runs the model runner on every rank; the engine talks only to this.
+
+    ``supports_overlap``: ``execute_async`` returns while the step runs, and a step may be started
+    before the previous one's result is read (its pending tokens are taken from the device), so the
+    engine can plan step N+1 while step N computes.
+    """
+
+    supports_overlap: bool = False
 
     @abstractmethod
     def start(self) -> int:
@@ -79,6 +86,12 @@ class Executor(ABC):
     @abstractmethod
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
         """Run one step on every rank; rank 0's sampled tokens come back."""
+
+    def execute_async(self, scheduler_output: SchedulerOutput) -> PendingOutput:
+        """Start one step and return before its result is on the host (default: run it now)."""
+        from infer_core.interfaces.scheduling import ReadyOutput
+
+        return ReadyOutput(self.execute(scheduler_output))
 
     def check_health(self) -> None:
         """Raise EngineDeadError when a rank has died."""

@@ -43,7 +43,11 @@ class Request:
     priority: int = 0
     arrival_time: float = field(default_factory=time.monotonic)
     all_token_ids: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0
+    num_computed_tokens: int = 0  # tokens whose K/V a finished step computed
+    # Overlapped scheduling: the next step is planned while this one runs, so the scheduler also
+    # counts the tokens of steps whose results have not come back yet.
+    num_inflight_tokens: int = 0  # scheduled in steps still running (computed once they return)
+    num_pending_tokens: int = 0  # sampled by steps still running: their ids are known only on the device
     num_synced_tokens: int = 0  # tokens the runner has been sent so far
     num_kv_slots: int = 0  # KV slots the scheduler knows the allocator holds for it (0 while it holds none)
     status: RequestStatus = RequestStatus.WAITING

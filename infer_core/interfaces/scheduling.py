@@ -39,7 +39,10 @@ class CachedRequestData:
     request_id: str
     new_token_ids: list[int]
     new_block_ids: list[int]
-    num_computed_tokens: int
+    num_computed_tokens: int  # before this step, counting steps still in flight
+    # Tokens after ``new_token_ids`` that the previous step sampled and nobody has read yet: the
+    # runner takes them from that step's sampled ids on the device (overlapped scheduling).
+    num_pending_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -88,6 +91,24 @@ class RunnerOutput:
     logits: list[Any] | None = None  # per request, float32 CPU [num_sampled, vocab]; only when asked for
 
 
+class PendingOutput(ABC):
+    """A step's RunnerOutput that the device may still be computing: launched now, read later."""
+
+    @abstractmethod
+    def result(self) -> RunnerOutput:
+        """Wait for the step and return its output (the first call waits; later ones return it again)."""
+
+
+@dataclass(slots=True)
+class ReadyOutput(PendingOutput):
+    """An output that is already on the host."""
+
+    output: RunnerOutput
+
+    def result(self) -> RunnerOutput:
+        return self.output
+
+
 @dataclass(slots=True)
 class RequestUpdate:
     """A request's progress in one step, as the scheduler returns it to the engine."""
@@ -109,7 +130,15 @@ class SchedulerStats:
 
 
 class Scheduler(ABC):
-    """Decides, each step, which requests run and how many tokens each computes."""
+    """Decides, each step, which requests run and how many tokens each computes.
+
+    ``supports_overlap``: ``schedule`` may be called again before ``update`` has seen the previous
+    step's result (the engine then plans step N+1 while step N runs on the GPU). Such a scheduler
+    counts the in-flight step's tokens (``Request.num_inflight_tokens``/``num_pending_tokens``) and
+    sends ``CachedRequestData.num_pending_tokens``.
+    """
+
+    supports_overlap: bool = False
 
     def __init__(self, config: SchedulerConfig, kv_allocator: KVAllocator) -> None:
         self.config = config

@@ -18,7 +18,7 @@ from infer_core.runner.state import RequestTable
 
 # The packed 1-D inputs, in order: per token, then per request (+1 for query_start_loc's end).
 _TOKEN_FIELDS = ("input_ids", "positions", "slot_mapping", "logits_indices")
-_REQUEST_FIELDS = ("query_start_loc", "seq_lens")
+_REQUEST_FIELDS = ("query_start_loc", "seq_lens", "pending_dst", "pending_src")
 
 
 @dataclass(slots=True)
@@ -30,6 +30,10 @@ class StepInputs:
     logits_indices: torch.Tensor  # int32: flat-batch index of every position whose logits are sampled
     sample_rows: list[int]  # batch index of the request each sampled position belongs to
     padded_num_tokens: int  # rows of the padded batch (== num_tokens when not padded for a graph)
+    # Tokens sampled by the previous step and not known on the host: ``input_ids[pending_dst]``
+    # must be set to ``previous_sampled[pending_src]`` on the device before the forward.
+    pending_dst: torch.Tensor | None = None  # int32 flat-batch indices
+    pending_src: torch.Tensor | None = None  # int32 rows of the previous step's sampled ids
 
 
 class StepBuffers:
@@ -45,7 +49,7 @@ class StepBuffers:
         self.max_num_tokens, self.max_num_reqs = max_num_tokens, max_num_reqs
         self.max_blocks_per_req = max_blocks_per_req
         self.pad_block = pad_block
-        sizes = [max_num_tokens] * len(_TOKEN_FIELDS) + [max_num_reqs + 1, max_num_reqs]
+        sizes = [max_num_tokens] * len(_TOKEN_FIELDS) + [max_num_reqs + 1, max_num_reqs, max_num_reqs, max_num_reqs]
         pin = device.type == "cuda"
         self._packed_host = torch.zeros(sum(sizes), dtype=torch.int32, pin_memory=pin)
         self._block_tables_host = torch.zeros(max_num_reqs, max_blocks_per_req, dtype=torch.int32, pin_memory=pin)
@@ -99,17 +103,24 @@ def _batch_order(scheduled: dict[str, int]) -> list[str]:
 def build_step_inputs(
     output: SchedulerOutput, states: RequestTable, block_size: int, device: torch.device,
     buffers: StepBuffers | None = None, padded_num_reqs: int | None = None,
+    previous_sample_rows: dict[str, int] | None = None,
 ) -> StepInputs:
     """The flat batch of ``output``; with ``padded_num_reqs``, padded with one-token dummy requests
-    (decode-only steps replayed by a CUDA graph of that size)."""
+    (decode-only steps replayed by a CUDA graph of that size).
+
+    ``previous_sample_rows``: request id -> row of the previous step's sampled ids, for requests
+    whose last token is still pending (see ``StepInputs.pending_dst``).
+    """
     scheduled = output.num_scheduled_tokens
     request_ids = _batch_order(scheduled)
     num_reqs = len(request_ids)
     padded_reqs = padded_num_reqs or num_reqs
     # One pass over the requests for everything read from their Python state.
-    per_request = np.array([(states[rid].row, scheduled[rid], len(states[rid].block_ids), len(states[rid].token_ids))
-                            for rid in request_ids], dtype=np.int64).reshape(num_reqs, 4)
-    rows, num_allocated, num_known = per_request[:, 0], per_request[:, 2], per_request[:, 3]
+    per_request = np.array([(s.row, scheduled[rid], len(s.block_ids), len(s.token_ids), s.num_pending_tokens)
+                            for rid in request_ids for s in (states[rid],)], dtype=np.int64).reshape(num_reqs, 5)
+    rows, num_allocated, num_on_host = per_request[:, 0], per_request[:, 2], per_request[:, 3]
+    num_pending = per_request[:, 4]
+    num_known = num_on_host + num_pending
     query_lens = per_request[:, 1].astype(np.int32)
     for rid, draft in output.spec_token_ids.items():
         if draft:
@@ -154,6 +165,11 @@ def build_step_inputs(
     first_of_row = np.repeat(np.cumsum(samples) - samples, samples)
     h["logits_indices"][:num_samples] = (np.repeat(ends - samples, samples) + np.arange(num_samples) - first_of_row)
 
+    pending_reqs = np.flatnonzero(num_pending)
+    if len(pending_reqs):
+        _place_pending(request_ids, pending_reqs, num_pending, num_on_host - computed, query_lens,
+                       query_start_loc, previous_sample_rows, h)
+
     if padded_reqs > num_reqs:
         buffers.fill_padding(num_tokens, padded_tokens, num_reqs, padded_reqs, block_size)
     buffers.copy_to_device(padded_reqs, max_blocks)
@@ -180,4 +196,21 @@ def build_step_inputs(
         logits_indices=d["logits_indices"][:num_samples],
         sample_rows=sample_rows.tolist(),
         padded_num_tokens=padded_tokens,
+        pending_dst=d["pending_dst"][: len(pending_reqs)] if len(pending_reqs) else None,
+        pending_src=d["pending_src"][: len(pending_reqs)] if len(pending_reqs) else None,
     )
+
+
+def _place_pending(request_ids: list[str], pending_reqs: np.ndarray, num_pending: np.ndarray,
+                   pending_offset: np.ndarray, query_lens: np.ndarray, query_start_loc: np.ndarray,
+                   previous_sample_rows: dict[str, int] | None, h: dict[str, np.ndarray]) -> None:
+    """Where each pending token goes in the flat batch, and which previous sample it is."""
+    previous_sample_rows = previous_sample_rows or {}
+    for i in pending_reqs:
+        rid = request_ids[i]
+        if num_pending[i] != 1 or rid not in previous_sample_rows or not 0 <= pending_offset[i] < query_lens[i]:
+            raise RuntimeError(f"request {rid}: {num_pending[i]} pending token(s) at offset {pending_offset[i]} that "
+                               "the previous step did not sample; scheduler and runner disagree")
+    n = len(pending_reqs)
+    h["pending_dst"][:n] = query_start_loc[pending_reqs] + pending_offset[pending_reqs]
+    h["pending_src"][:n] = [previous_sample_rows[request_ids[i]] for i in pending_reqs]

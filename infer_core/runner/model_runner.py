@@ -5,31 +5,34 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
 import torch
 
 from infer_core.config import EngineConfig
 from infer_core.interfaces import (
     NewRequestData,
     ParallelContext,
+    PendingOutput,
+    ReadyOutput,
     RunnerOutput,
     SchedulerOutput,
-    TokenLogprobs,
 )
-from infer_core.layers.sampler import SamplerOutput, sample
+from infer_core.layers.sampler import sample
 from infer_core.loader import Catalog
 from infer_core.models.build import BuildContext
 from infer_core.models.weights import load_model_weights
 from infer_core.profiling import step_range
 from infer_core.runner.cuda_graphs import CudaGraphRunner, capture_sizes
-from infer_core.runner.inputs import StepBuffers, StepInputs, build_step_inputs
+from infer_core.runner.inputs import StepBuffers, build_step_inputs
 from infer_core.runner.kv_cache import (
     allocate_kv_caches,
     block_bytes,
     cpu_num_blocks,
     cuda_num_blocks,
 )
-from infer_core.runner.sampling_inputs import build_sampling_batch
+from infer_core.runner.sampling_inputs import build_sampling_batch, to_device
 from infer_core.runner.state import RequestTable
+from infer_core.runner.step_output import SampledStep
 from infer_core.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -59,6 +62,10 @@ class ModelRunner:
         # Unseeded sampling draws from this generator, not torch's global one: reproducible run to
         # run, and unaffected by (and not affecting) whatever else the process draws.
         self.generator = torch.Generator(device=device).manual_seed(config.settings.seed)
+        # The last step's sampled ids (on the device) and each sampled request's row in them: the
+        # next step reads a request's pending token from here (overlapped scheduling).
+        self.last_sampled: torch.Tensor | None = None
+        self.last_sample_rows: dict[str, int] = {}
 
     @property
     def num_kv_heads(self) -> int:
@@ -157,8 +164,13 @@ class ModelRunner:
         """Logits of every row (what a captured decode step computes)."""
         return self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, metadata))
 
-    @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> RunnerOutput:
+        """Run one step and wait for its sampled tokens."""
+        return self.execute_async(output).result()
+
+    @torch.inference_mode()
+    def execute_async(self, output: SchedulerOutput) -> PendingOutput:
+        """Launch one step; its sampled tokens reach the host while the caller does other work."""
         if self.device.type != "cpu":
             return self._execute(output)
         # Denormal activations (seen in GGUF-dequantized models) make CPU kernels ~10x slower;
@@ -176,14 +188,17 @@ class ModelRunner:
             return None
         return self.graphs.padded_size(len(output.num_scheduled_tokens))
 
-    def _execute(self, output: SchedulerOutput) -> RunnerOutput:
+    def _execute(self, output: SchedulerOutput) -> PendingOutput:
         with step_range("infer.prepare_inputs"):
             self.requests.apply(output)
             if output.is_empty:
-                return RunnerOutput()
+                return ReadyOutput(RunnerOutput())
             graph_size = self._graph_size(output)
             inputs = build_step_inputs(output, self.requests, self.config.block_size, self.device, self.buffers,
-                                       graph_size)
+                                       graph_size, self.last_sample_rows)
+            if inputs.pending_dst is not None:
+                pending_ids = self.last_sampled.index_select(0, inputs.pending_src).to(inputs.input_ids.dtype)
+                inputs.input_ids.index_put_((inputs.pending_dst,), pending_ids)
         with step_range("infer.forward"):
             if graph_size is not None:
                 logits = self.graphs.replay(graph_size)
@@ -195,37 +210,26 @@ class ModelRunner:
                 logits = None
                 if inputs.sample_rows:
                     logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
-        sampled: list[list[int]] = [[] for _ in inputs.request_ids]
-        logprobs: list[list[TokenLogprobs] | None] = [None for _ in inputs.request_ids]
         if logits is None:  # nothing to sample, or not the rank that samples
-            return RunnerOutput(inputs.request_ids, sampled, logprobs)
+            self.last_sampled, self.last_sample_rows = None, {}
+            return ReadyOutput(RunnerOutput(inputs.request_ids, [[] for _ in inputs.request_ids],
+                                            [None for _ in inputs.request_ids]))
         with step_range("infer.sample"):
-            states = [self.requests[inputs.request_ids[row]] for row in inputs.sample_rows]
+            sampled_ids = [inputs.request_ids[row] for row in inputs.sample_rows]
+            states = [self.requests[rid] for rid in sampled_ids]
+            pending = [i for i, state in enumerate(states) if state.num_pending_tokens]
             batch = build_sampling_batch(states, self.config.model.vocab_size, self.config.eos_token_ids,
-                                         self.device, self.generator, token_table=self.requests.token_ids)
+                                         self.device, self.generator, token_table=self.requests.token_ids,
+                                         pending=self._pending_ids(pending, sampled_ids))
             result = sample(logits, batch)
-            self._collect(inputs, states, result, sampled, logprobs)
-        output = RunnerOutput(inputs.request_ids, sampled, logprobs)
-        if self.return_logits:
-            host = logits.float().cpu()
-            rows = torch.tensor(inputs.sample_rows)
-            output.logits = [host[rows == i] if bool((rows == i).any()) else None for i in range(len(sampled))]
-        return output
+        self.last_sampled = result.token_ids
+        self.last_sample_rows = {rid: i for i, rid in enumerate(sampled_ids)}
+        return SampledStep(inputs.request_ids, inputs.sample_rows, states, result,
+                           logits if self.return_logits else None)
 
-    def _collect(self, inputs: StepInputs, states, result: SamplerOutput, sampled, logprobs) -> None:
-        """Move the step's samples to the host (one copy per tensor) and group them per request."""
-        token_ids = result.token_ids.tolist()
-        has_logprobs = result.logprob is not None
-        if has_logprobs:
-            token_lp, ranks = result.logprob.tolist(), result.rank.tolist()
-            top_ids = result.top_ids.tolist() if result.top_ids is not None else None
-            top_lp = result.top_logprobs.tolist() if result.top_logprobs is not None else None
-        for i, row in enumerate(inputs.sample_rows):
-            sampled[row].append(token_ids[i])
-            wanted = states[i].sampling_params.logprobs
-            if has_logprobs and wanted is not None:
-                entry = TokenLogprobs(token_ids[i], token_lp[i], ranks[i],
-                                      top_ids[i][:wanted] if top_ids else [], top_lp[i][:wanted] if top_lp else [])
-                if logprobs[row] is None:
-                    logprobs[row] = []
-                logprobs[row].append(entry)
+    def _pending_ids(self, rows: list[int], request_ids: list[str]) -> tuple[list[int], torch.Tensor] | None:
+        """(sampling rows, their pending token ids on the device): the penalties count them too."""
+        if not rows:
+            return None
+        src = np.array([self.last_sample_rows[request_ids[i]] for i in rows], dtype=np.int64)
+        return rows, self.last_sampled.index_select(0, to_device(src, self.device))

@@ -2,7 +2,8 @@
 
 The per-row parameters travel in two host arrays (float32 and int64), one copy each; the token
 histories travel as one flat int64 array of ``row * vocab_size + token`` indices, from which the
-penalties' counts and seen-masks are built on the device (no [R, V] tensor on the host).
+penalties' counts and seen-masks are built on the device (no [R, V] tensor on the host). Every
+copy is from pinned memory and does not block, so building a batch never waits for the device.
 """
 
 from __future__ import annotations
@@ -13,6 +14,14 @@ import torch
 from infer_core.layers.sampler import SamplingBatch
 from infer_core.layers.sampling.philox import seed_key
 from infer_core.runner.state import RequestState
+
+
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """``array`` on ``device`` without waiting for the device (a pinned staging copy on CUDA)."""
+    tensor = torch.from_numpy(array)
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def _output_positions(states: list[RequestState]) -> list[int]:
@@ -35,8 +44,9 @@ def _history(state: RequestState, token_table: np.ndarray | None) -> np.ndarray:
 
 
 def _penalty_tensors(batch: SamplingBatch, states: list[RequestState], vocab_size: int, device: torch.device,
-                     token_table: np.ndarray | None) -> None:
-    """``output_counts`` and ``seen_mask`` [R, V], scattered on the device from one index copy."""
+                     token_table: np.ndarray | None, pending: tuple[list[int], torch.Tensor] | None) -> None:
+    """``output_counts`` and ``seen_mask`` [R, V], scattered on the device from one index copy
+    (plus the pending tokens, which are only on the device)."""
     num_rows = len(states)
     seen_parts, output_parts = [], []
     for row, state in enumerate(states):
@@ -44,8 +54,12 @@ def _penalty_tensors(batch: SamplingBatch, states: list[RequestState], vocab_siz
         seen_parts.append(flat)
         output_parts.append(flat[state.num_prompt_tokens:])
     num_seen = sum(len(part) for part in seen_parts)
-    indices = torch.from_numpy(np.concatenate(seen_parts + output_parts)).to(device)
+    indices = to_device(np.concatenate(seen_parts + output_parts), device)
     seen_ids, output_ids = indices[:num_seen], indices[num_seen:]
+    if pending is not None:
+        rows, token_ids = pending
+        flat = to_device(np.asarray(rows, dtype=np.int64) * vocab_size, device) + token_ids
+        seen_ids, output_ids = torch.cat([seen_ids, flat]), torch.cat([output_ids, flat])
     counts = torch.zeros(num_rows * vocab_size, dtype=torch.float32, device=device)
     counts.index_put_((output_ids,), torch.ones((), dtype=torch.float32, device=device), accumulate=True)
     seen = torch.zeros(num_rows * vocab_size, dtype=torch.bool, device=device)
@@ -57,11 +71,14 @@ def _penalty_tensors(batch: SamplingBatch, states: list[RequestState], vocab_siz
 def build_sampling_batch(
     states: list[RequestState], vocab_size: int, eos_token_ids: tuple[int, ...], device: torch.device,
     generator: torch.Generator | None = None, token_table: np.ndarray | None = None,
+    pending: tuple[list[int], torch.Tensor] | None = None,
 ) -> SamplingBatch:
     """One row per sampled position; only the features some row uses are materialised.
 
     ``token_table``: the runner's [num_rows, max_tokens] host array of token ids, indexed by
     ``RequestState.row``; given, the penalties read histories from it instead of the lists.
+    ``pending``: (rows, their pending token ids on the device), the last output token of rows whose
+    previous step has not reported back yet (overlapped scheduling).
     """
     params = [s.sampling_params for s in states]
     greedy = [p.is_greedy for p in params]
@@ -76,12 +93,12 @@ def build_sampling_batch(
         int_columns += [[0 if p.seed is None else seed_key(p.seed) for p in params], _output_positions(states),
                         [p.seed is not None for p in params]]
     ints = np.array(int_columns, dtype=np.int64)
-    floats_d = torch.from_numpy(floats).to(device)
+    floats_d = to_device(floats, device)
     batch = SamplingBatch(temperature=floats_d[0], all_greedy=all_greedy, generator=generator)
     if not all_greedy:
         use_top_k, use_top_p = any(p.top_k > 0 for p in params), any(p.top_p < 1 for p in params)
         if use_top_k or seeded:
-            ints_d = torch.from_numpy(ints).to(device)
+            ints_d = to_device(ints, device)
         if use_top_k:
             batch.top_k = ints_d[0]
         if use_top_p:
@@ -93,7 +110,7 @@ def build_sampling_batch(
         if seeded:
             batch.seeds, batch.positions, batch.is_seeded = ints_d[1], ints_d[2], ints_d[3].bool()
     if any(p.has_penalties for p in params):
-        _penalty_tensors(batch, states, vocab_size, device, token_table)
+        _penalty_tensors(batch, states, vocab_size, device, token_table, pending)
         batch.presence_penalty, batch.frequency_penalty, batch.repetition_penalty = floats_d[3:6].unbind(0)
     banned_rows: list[int] = []
     banned_ids: list[int] = []
@@ -104,7 +121,7 @@ def build_sampling_batch(
             banned_rows.extend([row] * len(stops))
             banned_ids.extend(stops)
     if banned_rows:
-        banned = torch.tensor([banned_rows, banned_ids], dtype=torch.int64).to(device)
+        banned = to_device(np.array([banned_rows, banned_ids], dtype=np.int64), device)
         batch.banned = (banned[0], banned[1])
     wanted = [p.logprobs for p in params if p.logprobs is not None]
     batch.max_num_logprobs = max(wanted) if wanted else None

@@ -25,10 +25,14 @@ class RequestState:
     block_ids: list[int]
     num_computed_tokens: int
     row: int = -1  # this request's row in the RequestTable's arrays
+    # Sampled by the previous step and not sent back yet (overlapped scheduling): they follow
+    # ``token_ids``, and their ids are read from that step's sampled ids on the device.
+    num_pending_tokens: int = 0
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
+        """Output tokens so far, pending ones included (what min_tokens and seeded positions count)."""
+        return len(self.token_ids) + self.num_pending_tokens - self.num_prompt_tokens
 
 
 def _grown(array: np.ndarray, rows: int, cols: int) -> np.ndarray:
@@ -122,6 +126,9 @@ class RequestTable(Mapping[str, RequestState]):
                 state.block_ids.extend(cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
             self.num_computed_tokens[state.row] = cached.num_computed_tokens
+            state.num_pending_tokens = cached.num_pending_tokens
+            if cached.num_pending_tokens and len(state.token_ids) + 1 > self.token_ids.shape[1]:
+                self.token_ids = _grown(self.token_ids, 1, len(state.token_ids) + 1)  # room for the placeholder
 
     def write_draft_tokens(self, row: int, start: int, draft: list[int]) -> None:
         """Place a step's speculative tokens after the known ones (overwritten once they are known)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from infer_core.config import EngineConfig
-from infer_core.interfaces import ParallelContext, RunnerOutput, SchedulerOutput
+from infer_core.interfaces import ParallelContext, PendingOutput, RunnerOutput, SchedulerOutput
 from infer_core.loader import load_catalog
 from infer_core.runner.model_runner import ModelRunner
 
@@ -38,6 +38,9 @@ class Worker:
 
     def execute(self, output: SchedulerOutput) -> RunnerOutput:
         return self.runner.execute(output)
+
+    def execute_async(self, output: SchedulerOutput) -> PendingOutput:
+        return self.runner.execute_async(output)
 
     def set_return_logits(self, enabled: bool) -> None:
         """Attach the logits of sampled positions to every RunnerOutput (accuracy checks)."""
