@@ -135,3 +135,8 @@ def test_gpu_busy_is_the_union_of_device_activity_inside_the_window():
     assert breakdown["gpu_busy_ms_per_step"] == pytest.approx((25 + 5) / 2e3)
     assert breakdown["gpu_idle_ms_per_step"] == pytest.approx((100 - 30) / 2e3)
     assert breakdown["gpu_busy_fraction"] == pytest.approx(0.3)
+    assert breakdown["top_kernels"] == [  # GPU time per step, clipped to the window, most first
+        {"name": "gemm", "calls_per_step": 0.5, "us_per_step": 10.0},
+        {"name": "rmsnorm", "calls_per_step": 0.5, "us_per_step": 5.0},
+        {"name": "DtoH", "calls_per_step": 0.5, "us_per_step": 2.5},
+    ]

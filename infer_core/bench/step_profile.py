@@ -3,7 +3,8 @@
 Runs a window of engine steps under ``torch.profiler`` (CPU + CUDA activities). Host time is
 the summed duration of the ``record_function`` ranges the engine and runner emit; GPU busy is
 the union of kernel, memcpy and memset intervals on the device timeline, clipped to the window;
-idle is the rest of the window's wall time. All times come from the profiler's one clock.
+idle is the rest of the window's wall time. All times come from the profiler's one clock. The
+kernels that take the most GPU time are listed too, per step, so the next thing to fuse is visible.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 STEP_RANGES = ("infer.schedule", "infer.prepare_inputs", "infer.forward", "infer.sample", "infer.process_outputs")
 WINDOW_RANGE = "infer.bench.window"
 _DEVICE_ACTIVITIES = {"kernel", "gpu_memcpy", "gpu_memset"}
+NUM_TOP_KERNELS = 15
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:
@@ -47,6 +49,7 @@ def summarize_trace(events: list[dict[str, Any]], num_steps: int) -> dict[str, A
     wall = end - start
     host: dict[str, dict[str, Any]] = {name: {"count": 0, "us": 0.0} for name in STEP_RANGES}
     device: list[tuple[float, float]] = []
+    kernels: dict[str, list[float]] = {}  # name -> [calls, us]
     for e in events:
         kind, name = e.get("cat"), e.get("name")
         if kind == "user_annotation" and name in host:
@@ -56,6 +59,9 @@ def summarize_trace(events: list[dict[str, Any]], num_steps: int) -> dict[str, A
             lo, hi = max(start, float(e["ts"])), min(end, float(e["ts"]) + float(e.get("dur", 0)))
             if hi > lo:
                 device.append((lo, hi))
+                totals = kernels.setdefault(str(name), [0, 0.0])
+                totals[0] += 1
+                totals[1] += hi - lo
     per_step = 1e3 * max(1, num_steps)  # us -> ms per step
     ranges = {name: {"count": v["count"], "ms_per_step": round(v["us"] / per_step, 4)} for name, v in host.items()}
     named = sum(v["us"] for v in host.values())
@@ -68,6 +74,11 @@ def summarize_trace(events: list[dict[str, Any]], num_steps: int) -> dict[str, A
         "gpu_busy_ms_per_step": None,
         "gpu_idle_ms_per_step": None,
         "gpu_busy_fraction": None,
+        "top_kernels": [
+            {"name": name, "calls_per_step": round(calls / max(1, num_steps), 2),
+             "us_per_step": round(us / max(1, num_steps), 2)}
+            for name, (calls, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:NUM_TOP_KERNELS]
+        ],
     }
     if device or torch.cuda.is_available():
         busy = _union(device)
@@ -119,4 +130,9 @@ def format_breakdown(label: str, breakdown: dict[str, Any]) -> str:
         lines.append(f"  {'GPU busy':<24}{breakdown['gpu_busy_ms_per_step']:>10.3f} ms")
         lines.append(f"  {'GPU idle':<24}{breakdown['gpu_idle_ms_per_step']:>10.3f} ms"
                      f"  ({100 * (1 - breakdown['gpu_busy_fraction']):.1f}% of the window)")
+    if breakdown.get("top_kernels"):
+        lines.append("  GPU time by kernel (per step):")
+        for kernel in breakdown["top_kernels"]:
+            lines.append(f"    {kernel['us_per_step']:>9.1f} us {kernel['calls_per_step']:>7.1f} calls  "
+                         f"{kernel['name'][:90]}")
     return "\n".join(lines)

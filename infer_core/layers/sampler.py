@@ -29,7 +29,7 @@ _MAX_RANDOM_KEY = 1 << 62  # unseeded rows draw a fresh Philox key per step from
 class SamplingBatch:
     """Per-row sampling parameters of one step, as device tensors (None: not used this step)."""
 
-    temperature: torch.Tensor  # [R] float32; 0 (below MIN_SAMPLING_TEMPERATURE) marks greedy rows
+    temperature: torch.Tensor | None  # [R] float32, 0 (< MIN_SAMPLING_TEMPERATURE) marks greedy rows; None: all are
     all_greedy: bool
     top_k: torch.Tensor | None = None  # [R] int64, 0 = off
     top_p: torch.Tensor | None = None  # [R] float32, 1 = off

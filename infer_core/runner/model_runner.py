@@ -116,21 +116,43 @@ class ModelRunner:
         longest = max(1, min(s.max_num_batched_tokens - (num_reqs - 1), self.config.max_model_len - 1))
         per_req = [longest] + [1] * (num_reqs - 1)
         params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, repetition_penalty=1.1, logprobs=20)
-        block_size = self.config.block_size
-        blocks_needed = [-(-n // block_size) for n in per_req]
-        self.kv_caches = allocate_kv_caches(self.config.model.num_layers, sum(blocks_needed), block_size,
+        output, num_blocks = self._dummy_output(per_req, params)
+        self.kv_caches = allocate_kv_caches(self.config.model.num_layers, num_blocks, self.config.block_size,
                                             self.num_kv_heads, self.config.model.head_dim, self.dtype, self.device)
-        output = SchedulerOutput()
-        next_block = 0
-        for i, n in enumerate(per_req):
-            ids = list(range(next_block, next_block + blocks_needed[i]))
-            next_block += blocks_needed[i]
-            rid = f"profile-{i}"
-            output.new_requests.append(NewRequestData(rid, [0] * n, n, params, ids, 0))
-            output.num_scheduled_tokens[rid] = n
         self.execute(output)
         self.requests.clear()
         self.kv_caches = []
+
+    def _dummy_output(self, per_req: list[int], params: SamplingParams) -> tuple[SchedulerOutput, int]:
+        """A step of new requests with ``per_req`` prompt tokens each, on blocks 0, 1, ...; and the
+        number of blocks it uses."""
+        block_size = self.config.block_size
+        output = SchedulerOutput()
+        next_block = 0
+        for i, n in enumerate(per_req):
+            num_blocks = -(-n // block_size)
+            ids = list(range(next_block, next_block + num_blocks))
+            next_block += num_blocks
+            rid = f"dummy-{i}"
+            output.new_requests.append(NewRequestData(rid, [0] * n, n, params, ids, 0))
+            output.num_scheduled_tokens[rid] = n
+        return output, next_block
+
+    def _warm_up_kernels(self) -> None:
+        """Compile the kernels' other shape variants now rather than in the first requests' steps.
+
+        Triton specialises integer arguments on divisibility by 16 (and on 1), and the profiling
+        step and the graph capture use only such sizes; a mixed step of odd sizes and small
+        sampled batches (top-k/top-p at 3 rows, plain temperature at 1) covers the rest.
+        """
+        start = time.perf_counter()
+        for per_req, params in (([19, 1, 1], SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05)),
+                                ([5], SamplingParams(temperature=0.6))):
+            output, _ = self._dummy_output(per_req, params)
+            self.execute(output)  # writes only into blocks no request holds yet
+            self.requests.clear()
+        torch.cuda.synchronize(self.device)
+        logger.info("warmed up kernels for odd step sizes in %.1f s", time.perf_counter() - start)
 
     def init_kv_cache(self, num_blocks: int) -> None:
         """Allocate ``num_blocks`` KV blocks (plus the pad block padded graph rows write to), the
@@ -146,6 +168,8 @@ class ModelRunner:
                                           capture_sizes(s.max_num_seqs))
             with torch.inference_mode():
                 self.graphs.capture(self.attention.build_metadata, self._forward_logits)
+        if self.device.type == "cuda":
+            self._warm_up_kernels()
 
     def uses_cuda_graphs(self) -> bool:
         if self.device.type != "cuda" or self.config.settings.enforce_eager:

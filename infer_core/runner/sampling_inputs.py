@@ -83,6 +83,8 @@ def build_sampling_batch(
     params = [s.sampling_params for s in states]
     greedy = [p.is_greedy for p in params]
     all_greedy = all(greedy)
+    if all_greedy and not any(p.has_penalties or p.logprobs is not None or p.min_tokens for p in params):
+        return SamplingBatch(temperature=None, all_greedy=True, generator=generator)  # argmax needs nothing
     floats = np.array([[0.0 if g else float(p.temperature) for p, g in zip(params, greedy)],
                        [p.top_p for p in params], [p.min_p for p in params],
                        [p.presence_penalty for p in params], [p.frequency_penalty for p in params],
