@@ -17,6 +17,8 @@ from ``benchmarks/configs``), bfloat16, at 1, 2, 4 and 8 rows. Both systems are 
 A per-model line sums one decode step's projections (layers x (qkv + o + gate_up + down) + LM head).
 ``--sweep`` also times a grid of tile choices per cell and prints the best next to the heuristic's,
 to retune ``choose_config`` (slow: a compile per tile and row count; use ``--models``/``--rows``).
+The engine runs the GEMV up to ``infer_core.builtin.quant_none.GEMV_MAX_ROWS`` rows (``gemv_max_rows`` in the
+results' settings), F.linear beyond.
 
     python -m benchmarks.gemv --out DIR [--models Qwen3-0.6B ...] [--rows 1 8] [--sweep]
 """
@@ -35,6 +37,7 @@ import triton
 from benchmarks.attention import bench_ms, copy_bandwidth, graph_ms
 from benchmarks.common import versions, write_result
 from benchmarks.fused_ops import max_ulps
+from infer_core.builtin.quant_none import GEMV_MAX_ROWS
 from infer_core.layers import fused
 from infer_core.layers.fused.gemv import GemvConfig, choose_config, gemv
 from infer_core.models.config import load_model_config
@@ -70,8 +73,8 @@ def projections(model: str) -> list[Projection]:
             Projection(model, "lm_head", c.vocab_size, c.hidden_size, False, 1)]
 
 
-def sweep_configs(num_rows: int, n: int, k: int) -> list[GemvConfig]:
-    """FMA: 16/32 KiB tiles at 4..16 columns, 32 or 64 values a thread, 1 or 3 stages; dot: 16..64 columns."""
+def sweep_configs(n: int, k: int) -> list[GemvConfig]:
+    """16/32 KiB tiles at 4..16 columns, 32 or 64 values a thread, 1 or 3 stages."""
     found = []
     for block_n in (4, 8, 16):
         for tile in (8192, 16384):
@@ -81,12 +84,8 @@ def sweep_configs(num_rows: int, n: int, k: int) -> list[GemvConfig]:
             for per_thread in (32, 64):
                 warps = max(1, min(16, block_n * block_k // (32 * per_thread)))
                 for stages in (1, 3) if block_k < k else (1,):
-                    found.append(GemvConfig(block_n, block_k, False, warps, stages))
-    for block_n in (16, 32, 64):
-        for block_k in (128, 256):
-            for stages in (3, 5):
-                found.append(GemvConfig(block_n, block_k, True, 4, stages))
-    return sorted(set(found), key=lambda c: (c.use_dot, c.block_n, c.block_k, c.num_warps, c.num_stages))
+                    found.append(GemvConfig(block_n, block_k, warps, stages))
+    return sorted(set(found), key=lambda c: (c.block_n, c.block_k, c.num_warps, c.num_stages))
 
 
 class Cell:
@@ -119,8 +118,8 @@ class Cell:
 
 def sweep(cell: Cell, copy_bw: float) -> list[dict]:
     rows = []
-    num_rows, (n, k) = cell.x.shape[0], cell.weights[0].shape
-    for cfg in sweep_configs(num_rows, n, k):
+    n, k = cell.weights[0].shape
+    for cfg in sweep_configs(n, k):
         try:
             row = cell.measure(lambda x, w, b, cfg=cfg: gemv(x, w, b, config=cfg), copy_bw, with_eager=False)
         except Exception as exc:  # a tile past the SM's shared memory or registers: listed, not timed
@@ -143,7 +142,8 @@ def main() -> None:
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     copy_bw = copy_bandwidth()
     print(f"copy bandwidth {copy_bw / GB:.0f} GB/s, {num_sms} SMs; per-call times from CUDA-graph replays of "
-          f"back-to-back calls on distinct W copies, L2 flushed; fused.GEMV = {fused.GEMV.value}")
+          f"back-to-back calls on distinct W copies, L2 flushed; fused.GEMV = {fused.GEMV.value} "
+          f"(the engine runs it up to {GEMV_MAX_ROWS} rows)")
     header = (f"{'model':<13} {'proj':<8} {'N':>6} {'K':>6} {'M':>2} | {'cuBLAS us':>9} {'GB/s':>5} | "
               f"{'triton us':>9} {'GB/s':>5} {'share':>5} | {'speedup':>7} {'floor us':>8} | config")
     print(f"{header}\n{'-' * len(header)}")
@@ -152,7 +152,7 @@ def main() -> None:
         for proj in projections(model):
             for num_rows in args.rows:
                 cell = Cell(proj, num_rows)
-                cfg = choose_config(num_rows, proj.n, proj.k, 2, num_sms)
+                cfg = choose_config(proj.n, proj.k, 2, num_sms)
                 base = {"model": model, "projection": proj.name, "n": proj.n, "k": proj.k,
                         "num_rows": num_rows, "bytes": cell.num_bytes, "copies": cell.copies}
                 cublas = {"system": "f-linear", **cell.measure(F.linear, copy_bw)}
@@ -164,8 +164,7 @@ def main() -> None:
                                   ("floor", floor_us)):
                     key = (model, num_rows, system)
                     totals[key] = totals.get(key, 0.0) + t * proj.per_step
-                kind = f"{'dot' if cfg.use_dot else 'fma'} {cfg.block_n}x{cfg.block_k} " \
-                       f"w{cfg.num_warps} s{cfg.num_stages}"
+                kind = f"{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
                 print(f"{model:<13} {proj.name:<8} {proj.n:>6} {proj.k:>6} {num_rows:>2} | "
                       f"{cublas['time_us']:>9.2f} {cublas['gb_s']:>5.0f} | {ours['time_us']:>9.2f} "
                       f"{ours['gb_s']:>5.0f} {ours['copy_bw_share']:>5.2f} | "
@@ -190,6 +189,7 @@ def main() -> None:
                             "floor_us": round(floor, 1)})
     settings = {"dtype": "bfloat16", "rows": args.rows, "models": args.models, "num_sms": num_sms,
                 "copy_bandwidth_gb_s": round(copy_bw / GB, 1), "gemv_default": fused.GEMV.value,
+                "gemv_max_rows": GEMV_MAX_ROWS,
                 "timing": "time_us: CUDA-graph replay of C back-to-back calls on C distinct W copies (>= 64 MiB), "
                           "L2 flushed before each replay, median of 50, / C; eager_us: do_bench median of plain "
                           "calls", "sweep": args.sweep, "versions": versions("triton")}

@@ -1,6 +1,6 @@
 """The GEMV kernel against ``F.linear`` in float32 (the reference), in the interpreter on the CPU.
 
-Both inner products (FMA and tl.dot) run at tiles that leave tails in N and K, and at the tiles
+The kernel runs at every row count 1..8, at tiles that leave tails in N and K, and at the tiles
 the heuristic picks; half-precision outputs must be within one step of the float32 result rounded
 to their dtype (the kernel rounds once, after the bias; the interpreter truncates instead of rounding).
 """
@@ -12,18 +12,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from infer_core.builtin.quant_none import GEMV_MAX_ROWS, UnquantizedLinearMethod
+from infer_core.builtin.quant_none import GEMV_MAX_ROWS, UnquantizedLinearMethod, dense_linear, use_gemv
+from infer_core.interfaces import ParallelContext
 from infer_core.layers import fused
+from infer_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from infer_core.layers.fused.gemv import MAX_ROWS, GemvConfig, choose_config, gemv
 
 # tails everywhere: N=37 leaves 5 of 16 (and 1 of 4) columns, K=45 leaves 13 of 16 and is no power of two
 N, K = 37, 45
 CONFIGS = {
     "heuristic": None,
-    "fma-4x16": GemvConfig(block_n=4, block_k=16, use_dot=False, num_warps=1, num_stages=3),
-    "fma-8x64": GemvConfig(block_n=8, block_k=64, use_dot=False, num_warps=2, num_stages=1),
-    "dot-16x16": GemvConfig(block_n=16, block_k=16, use_dot=True, num_warps=4, num_stages=2),
-    "dot-32x64": GemvConfig(block_n=32, block_k=64, use_dot=True, num_warps=4, num_stages=2),
+    "fma-4x16": GemvConfig(block_n=4, block_k=16, num_warps=1, num_stages=3),
+    "fma-8x64": GemvConfig(block_n=8, block_k=64, num_warps=2, num_stages=1),
+    "fma-16x32": GemvConfig(block_n=16, block_k=32, num_warps=4, num_stages=2),
 }
 
 # (N, K) of every projection of Qwen3-0.6B, Qwen3-8B and Llama-3.1-8B: qkv, o, gate_up, down, LM head
@@ -63,14 +64,14 @@ def test_other_dtypes(config, dtype, device, assert_close_to_reference):
     assert_close_to_reference(y, reference(x, w, b).to(dtype), ulps=1, fp32_tol=1e-5)
 
 
-@pytest.mark.parametrize("config", ["heuristic", "fma-8x64", "dot-32x64"])
+@pytest.mark.parametrize("config", ["heuristic", "fma-8x64", "fma-16x32"])
 def test_longer_k_in_several_steps(config, device, assert_close_to_reference):
     """K=1000 in 16 steps of 64 (15 full, one tail of 40) and N=130 over several programs."""
     x, w, b = inputs(3, 130, 1000, torch.bfloat16, device, seed=3)
     assert_close_to_reference(gemv(x, w, b, config=CONFIGS[config]), reference(x, w, b).to(torch.bfloat16), ulps=1)
 
 
-@pytest.mark.parametrize("config", ["heuristic", "fma-4x16", "dot-16x16"])
+@pytest.mark.parametrize("config", ["heuristic", "fma-4x16", "fma-16x32"])
 def test_strided_rows_and_leading_dims(config, device, assert_close_to_reference):
     cfg = CONFIGS[config]
     _, w, b = inputs(1, N, K, torch.bfloat16, device, seed=11)
@@ -108,41 +109,51 @@ def test_bad_inputs_say_what_to_do(device):
         gemv(x.float(), w)
     with pytest.raises(ValueError, match="contiguous"):
         gemv(x[:, :8], torch.randn(8, 3).to(device, torch.bfloat16).t())
-    with pytest.raises(ValueError, match="block_n >= 16"):
-        gemv(x, w, config=GemvConfig(8, 16, True, 4, 2))
 
 
 @pytest.mark.parametrize("num_sms", [132, 114, 78])
 def test_heuristic_fills_the_gpu_at_real_shapes(num_sms):
-    """Each real shape: >= 1 program an SM (2 where the path's narrowest tile allows), no K tail, tiles that fit."""
+    """Each real shape: 2 programs an SM (>= 1 where 4-column tiles leave fewer), no K tail, tiles that fit."""
     for n, k in REAL_SHAPES:
-        for num_rows in range(1, MAX_ROWS + 1):
-            cfg = choose_config(num_rows, n, k, 2, num_sms)
-            programs, narrowest = -(-n // cfg.block_n), 16 if cfg.use_dot else 4
-            assert programs >= min(2 * num_sms, n // narrowest) and programs >= num_sms, (n, k, num_rows, cfg)
-            assert k % cfg.block_k == 0, (n, k, num_rows, cfg)
-            if cfg.use_dot:
-                assert num_rows >= 3 and cfg.block_n >= 16 and cfg.block_k >= 16
-                smem = cfg.num_stages * (16 + cfg.block_n) * cfg.block_k * 2
-                assert smem <= 200 << 10, (n, k, cfg)  # H100: 227 KiB a block
-            else:
-                assert cfg.block_n * cfg.block_k * 2 <= 16 << 10
-                assert cfg.block_n * cfg.block_k // (32 * cfg.num_warps) <= 64  # W values a thread a step
-    assert not choose_config(2, 151936, 4096, 2, 132).use_dot  # 1-2 rows: FMA
-    assert choose_config(8, 4096, 4096, 2, 132).use_dot
-    assert not choose_config(8, 1024, 3072, 2, 132).use_dot  # N=1024: 64 dot programs would idle half the SMs
+        cfg = choose_config(n, k, 2, num_sms)
+        programs = -(-n // cfg.block_n)
+        assert programs >= min(2 * num_sms, n // 4) and programs >= num_sms, (n, k, cfg)
+        assert k % cfg.block_k == 0, (n, k, cfg)
+        assert cfg.block_n * cfg.block_k * 2 <= 16 << 10
+        assert cfg.block_n * cfg.block_k // (32 * cfg.num_warps) <= 64  # W values a thread a step
+        assert cfg.num_stages == (1 if cfg.block_k == k else 3), (n, k, cfg)
+    assert choose_config(1024, 3072, 2, 132) == GemvConfig(block_n=4, block_k=1024, num_warps=2, num_stages=3)
+
+
+def test_dispatch_limit_is_within_the_kernel():
+    assert 1 <= GEMV_MAX_ROWS <= MAX_ROWS
+    assert "gemv" in fused.OPS
+    assert fused.GEMV is fused.FusedImpl.TRITON  # on by default (measured on the H100)
 
 
 def test_linear_method_runs_f_linear_on_the_cpu():
     """The dispatch is on CUDA tensors only: on the CPU ``apply`` is F.linear bit for bit, GEMV on or off."""
-    assert GEMV_MAX_ROWS == MAX_ROWS
-    assert "gemv" in fused.OPS
     layer = nn.Module()
     method = UnquantizedLinearMethod()
+    assert method.impl is fused.GEMV
     method.create_weights(layer, K, [N], torch.bfloat16)
     layer.weight.data.copy_(torch.randn(N, K))
-    x, bias = torch.randn(3, K).to(torch.bfloat16), torch.randn(N).to(torch.bfloat16)
+    x, bias = torch.randn(1, K).to(torch.bfloat16), torch.randn(N).to(torch.bfloat16)
     for impl in fused.FusedImpl:
         method.impl = impl
-        assert not method.use_gemv(x, layer.weight)
+        assert not use_gemv(impl, x, layer.weight)
         assert torch.equal(method.apply(layer, x, bias), F.linear(x, layer.weight, bias))
+        assert torch.equal(dense_linear(x, layer.weight, None, impl), F.linear(x, layer.weight))
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_lm_head_is_f_linear_on_the_cpu(tied):
+    """The LM head goes through the same dispatch: on the CPU, F.linear of its (possibly tied) weight."""
+    parallel = ParallelContext.single()
+    embed = VocabParallelEmbedding(N, K, parallel=parallel, dtype=torch.bfloat16)
+    embed.weight.data.copy_(torch.randn(N, K))
+    head = ParallelLMHead(N, K, parallel=parallel, dtype=torch.bfloat16, tied_to=embed if tied else None)
+    if not tied:
+        head.weight.data.copy_(torch.randn(N, K))
+    hidden = torch.randn(2, K).to(torch.bfloat16)
+    assert torch.equal(head(hidden), F.linear(hidden, head.weight))

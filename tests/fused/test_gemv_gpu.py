@@ -1,5 +1,5 @@
 """The GEMV kernel on CUDA at the real projection shapes: against F.linear in float64, graph replay
-equal to eager bit for bit, and the linear layers' dispatch to it."""
+equal to eager bit for bit, and the dispatch of the linear layers and the LM head to it."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from infer_core.builtin.quant_none import UnquantizedLinearMethod
+from infer_core.builtin.quant_none import GEMV_MAX_ROWS, UnquantizedLinearMethod, use_gemv
+from infer_core.interfaces import ParallelContext
 from infer_core.layers import fused
-from infer_core.layers.fused.gemv import MAX_ROWS, GemvConfig, choose_config, gemv, num_sms
+from infer_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from infer_core.layers.fused.gemv import MAX_ROWS, GemvConfig, gemv
 
 pytestmark = pytest.mark.gpu
 
@@ -21,6 +23,9 @@ SHAPES = {
     "llama-3.1-8b": [(28672, 4096), (4096, 14336), (128256, 4096)],
 }
 ROWS = [1, 2, 3, 4, 5, 8]
+# besides the heuristic's tiles: one K step of 1024 a loop iteration unpipelined, and 512 in 3 stages
+OTHER_CONFIGS = {"fma-8x1024-s1": GemvConfig(8, 1024, num_warps=4, num_stages=1),
+                 "fma-16x512-s3": GemvConfig(16, 512, num_warps=4, num_stages=3)}
 
 
 def weights(n: int, k: int, dtype=torch.bfloat16, seed: int = 0):
@@ -50,20 +55,16 @@ def test_real_shapes_match_f_linear(model, assert_close_to_reference):
         del w64
 
 
-@pytest.mark.parametrize("use_dot", [False, True])
+@pytest.mark.parametrize("config", ["heuristic", *OTHER_CONFIGS])
 @pytest.mark.parametrize("n,k", [(4096, 1024), (1024, 3072), (1000, 1000), (777, 4095)])
-def test_both_paths_and_unaligned_shapes(use_dot, n, k, assert_close_to_reference):
-    """Each inner product at every row count, also where K rows are not 16-byte aligned (no vector loads)."""
+def test_tiles_and_unaligned_shapes(config, n, k, assert_close_to_reference):
+    """Every row count, bf16 and fp16, also where K rows are not 16-byte aligned (no vector loads)."""
     for dtype in (torch.bfloat16, torch.float16):
         w, b = weights(n, k, dtype)
         for num_rows in range(1, MAX_ROWS + 1):
             x = rows(num_rows, k, dtype, seed=num_rows)
-            cfg = choose_config(num_rows, n, k, 2, num_sms(x.device))
-            if cfg.use_dot != use_dot:
-                cfg = (GemvConfig(32, 256, True, 4, 4) if use_dot
-                       else GemvConfig(8, 1024, False, 4, 1))
             expected = F.linear(x.double(), w.double(), b.double()).to(dtype)
-            assert_close_to_reference(gemv(x, w, b, config=cfg), expected, ulps=1)
+            assert_close_to_reference(gemv(x, w, b, config=OTHER_CONFIGS.get(config)), expected, ulps=1)
 
 
 @pytest.mark.parametrize("num_rows", [1, 2, 4, 8])
@@ -94,23 +95,43 @@ def test_graph_replay_equals_eager_bit_for_bit(num_rows):
 
 
 def test_linear_method_dispatch():
+    """GEMV up to GEMV_MAX_ROWS flattened rows (where it measured faster), F.linear beyond and when off."""
     n, k = 6144, 1024
     layer = nn.Module()
     method = UnquantizedLinearMethod()
+    assert method.impl is fused.FusedImpl.TRITON  # the default
     method.create_weights(layer, k, [n], torch.bfloat16)
     w, b = weights(n, k)
     layer.weight.data = w
-    method.impl = fused.FusedImpl.TRITON
-    for num_rows in range(1, MAX_ROWS + 1):
+    for num_rows in range(1, GEMV_MAX_ROWS + 1):
         x = rows(num_rows, k, seed=num_rows)
-        assert method.use_gemv(x, layer.weight)
+        assert use_gemv(method.impl, x, layer.weight)
         assert torch.equal(method.apply(layer, x, b), gemv(x, w, b))
         assert torch.equal(method.apply(layer, x[None], b), gemv(x[None], w, b))  # leading dims are rows too
-    for x in (rows(MAX_ROWS + 1, k), rows(2, k).float()):  # a GEMM; a dtype the kernel is not used for
-        assert not method.use_gemv(x, layer.weight)
-    x = rows(MAX_ROWS + 1, k)
-    assert torch.equal(method.apply(layer, x, b), F.linear(x, w, b))
+    x = rows(GEMV_MAX_ROWS + 1, k)
+    for beyond in (x, x.reshape(1, *x.shape), rows(GEMV_MAX_ROWS, k).expand(2, -1, -1)):  # rows over leading dims
+        assert not use_gemv(method.impl, beyond, layer.weight)
+        assert torch.equal(method.apply(layer, beyond, b), F.linear(beyond, w, b))
+    assert not use_gemv(method.impl, rows(1, k).float(), layer.weight)  # a dtype the kernel is not used for
     method.impl = fused.FusedImpl.TORCH
-    x = rows(4, k)
-    assert not method.use_gemv(x, layer.weight)
+    x = rows(1, k)
+    assert not use_gemv(method.impl, x, layer.weight)
     assert torch.equal(method.apply(layer, x, b), F.linear(x, w, b))
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_lm_head_dispatch(tied):
+    """The LM head (Qwen3-0.6B's vocabulary) runs the GEMV at decode sizes, tied to the embedding or not."""
+    vocab, hidden_size = 151936, 1024
+    parallel = ParallelContext.single()
+    embed = VocabParallelEmbedding(vocab, hidden_size, parallel=parallel, dtype=torch.bfloat16).cuda()
+    head = ParallelLMHead(vocab, hidden_size, parallel=parallel, dtype=torch.bfloat16,
+                          tied_to=embed if tied else None).cuda()
+    w, _ = weights(vocab, hidden_size)
+    head.weight.data.copy_(w)
+    assert (head.weight is embed.weight) == tied
+    for num_rows in range(1, GEMV_MAX_ROWS + 1):
+        x = rows(num_rows, hidden_size, seed=num_rows)
+        assert torch.equal(head(x), gemv(x, w))
+    x = rows(GEMV_MAX_ROWS + 1, hidden_size)
+    assert torch.equal(head(x), F.linear(x, w))

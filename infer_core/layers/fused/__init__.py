@@ -26,9 +26,9 @@ SILU_AND_MUL = FusedImpl.TRITON
 # Qwen3's q-norm, k-norm and rotary as one launch (TORCH: the three layers, each by its own constant);
 # read by the attention layer when built, and used only where the three layers would each run Triton.
 QK_NORM_ROPE = FusedImpl.TRITON
-# The dense linear layers' matmul at <= 8 rows (decode batches): TORCH is F.linear (cuBLAS); TRITON is
-# fused/gemv.py. Off until benchmarks/gemv.py has measured it against F.linear on the H100.
-GEMV = FusedImpl.TORCH
+# The dense linear layers' and the LM head's matmul at decode sizes (builtin/quant_none.py's GEMV_MAX_ROWS):
+# TORCH is F.linear (cuBLAS); TRITON is fused/gemv.py, 1.11-1.16x cuBLAS at 1-2 rows on an H100 (benchmarks/gemv.py).
+GEMV = FusedImpl.TRITON
 
 OPS = ("rms_norm", "rotary", "silu_and_mul", "qk_norm_rope", "gemv")
 

@@ -7,23 +7,19 @@ element is summed by one program in one fixed order: no split-K, no atomics, the
 run and in CUDA-graph replay. Accumulation is in float32; the output is rounded once to x's dtype
 (after the bias is added, as cuBLAS's bias epilogue does).
 
-Two inner products, picked per call by :func:`choose_config` from (M, N, K) alone (no autotuning:
-it would run inside graph capture):
-
-- ``fma``: per K tile, one ``[BLOCK_N, BLOCK_K]`` load of W and for each row m a multiply by
-  ``x[m]`` and a sum over K. Tiles can be as narrow as 4 columns, so N=1024 still gives 256 programs.
-  Rows are padded to a power of two (the padding repeats the last row and is not stored), so one
-  compiled variant serves M=5..8 and the graphs' batch sizes 1, 2, 4, 8 need four.
-- ``dot``: ``tl.dot`` of x padded to 16 rows (masked rows are not read) with the W tile: tensor
-  cores do the M=3..8 products the FMA path would spend its issue slots on, and Triton's pipeliner
-  keeps ``num_stages - 1`` W tiles in flight. Needs ``BLOCK_N >= 16``; one variant for every M.
+The inner product is FMA on CUDA cores: per K tile, one ``[BLOCK_N, BLOCK_K]`` load of W and for
+each row m a multiply by ``x[m]`` and a sum over K. Tiles can be as narrow as 4 columns, so N=1024
+still gives 256 programs. Rows are padded to a power of two (the padding repeats the last row and is
+not stored), so one compiled variant serves M=5..8 and the graphs' batch sizes 1, 2, 4, 8 need four.
+A ``tl.dot`` variant for 3..8 rows was measured on an H100 and removed: it was 4 fp16 steps off the
+exact result and slower than cuBLAS at 8 rows. The tiles come from (N, K) alone (no autotuning: it
+would run inside graph capture).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -31,10 +27,8 @@ import triton
 import triton.language as tl
 
 MAX_ROWS = 8  # decode batches; more rows than this is a GEMM, F.linear's job
-DOT_MIN_ROWS = 3  # from 3 rows on, the FMA path's multiplies (M per weight element) start to cost
-DOT_ROWS = 16  # tl.dot's smallest M
 PROGRAMS_PER_SM = 2  # at least two programs an SM: one loads while the other sums
-FMA_TILE_BYTES = 16 << 10  # W bytes one FMA program loads per K step: 64 bf16 values a thread at 4 warps
+TILE_BYTES = 16 << 10  # W bytes one program loads per K step: 64 bf16 values a thread at 4 warps
 INTERPRETER_SMS = 4  # on the CPU (TRITON_INTERPRET=1) there is no device to ask; small grids run faster
 
 
@@ -42,9 +36,8 @@ INTERPRETER_SMS = 4  # on the CPU (TRITON_INTERPRET=1) there is no device to ask
 class GemvConfig:
     block_n: int  # output columns (rows of W) per program
     block_k: int  # K elements per loop step
-    use_dot: bool
     num_warps: int
-    num_stages: int
+    num_stages: int  # K steps in flight (1: no software pipelining)
 
 
 @triton.jit(do_not_specialize=["num_rows"])
@@ -63,10 +56,7 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
-    USE_DOT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -76,40 +66,22 @@ def _gemv_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     w_ptrs = w_ptr + w_rows[:, None] + offs_k[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if USE_DOT:
-        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
-        row_ok = offs_m[:, None] < num_rows
-        for k0 in range(0, K, BLOCK_K):
+    # an explicit loop stage count lets Triton pipeline loads that feed no dot (cp.async into shared memory)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        k = k0 + offs_k
+        if EVEN_K:
+            w = tl.load(w_ptrs).to(tl.float32)
+        else:
+            w = tl.load(w_ptrs, mask=(k < K)[None, :], other=0.0).to(tl.float32)
+        for m in tl.static_range(BLOCK_M):
+            x_row = x_ptr + tl.minimum(m, num_rows - 1) * stride_xm  # rows past num_rows: repeats, not stored
             if EVEN_K:
-                w = tl.load(w_ptrs)
-                x = tl.load(x_ptrs, mask=row_ok, other=0.0)
+                xm = tl.load(x_row + k)
             else:
-                k_ok = (k0 + offs_k) < K
-                w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
-                x = tl.load(x_ptrs, mask=row_ok & k_ok[None, :], other=0.0)
-            if UPCAST:  # the interpreter's dot reads bfloat16 operands as raw bits: multiply in float32
-                acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
-            w_ptrs += BLOCK_K
-            x_ptrs += BLOCK_K
-    else:
-        # an explicit loop stage count lets Triton pipeline loads that feed no dot (cp.async into shared memory)
-        for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-            k = k0 + offs_k
-            if EVEN_K:
-                w = tl.load(w_ptrs).to(tl.float32)
-            else:
-                w = tl.load(w_ptrs, mask=(k < K)[None, :], other=0.0).to(tl.float32)
-            for m in tl.static_range(BLOCK_M):
-                x_row = x_ptr + tl.minimum(m, num_rows - 1) * stride_xm  # rows past num_rows: repeats, not stored
-                if EVEN_K:
-                    xm = tl.load(x_row + k)
-                else:
-                    xm = tl.load(x_row + k, mask=k < K, other=0.0)
-                part = tl.sum(w * xm.to(tl.float32)[None, :], axis=1)
-                acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
-            w_ptrs += BLOCK_K
+                xm = tl.load(x_row + k, mask=k < K, other=0.0)
+            part = tl.sum(w * xm.to(tl.float32)[None, :], axis=1)
+            acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+        w_ptrs += BLOCK_K
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     y_ptrs = y_ptr + offs_m[:, None] * stride_ym + cols[None, :]
@@ -117,33 +89,25 @@ def _gemv_kernel(
 
 
 @functools.lru_cache(maxsize=4096)  # called per linear layer per eager step: keep it a dict lookup
-def choose_config(num_rows: int, n: int, k: int, element_size: int, num_sms: int) -> GemvConfig:
+def choose_config(n: int, k: int, element_size: int, num_sms: int) -> GemvConfig:
     """Tiles for one shape, from the shape alone (the same choice eagerly and under graph capture).
 
-    The figure that matters is W bytes in flight per SM. Columns: the widest ``BLOCK_N`` that still
-    gives ``PROGRAMS_PER_SM`` programs an SM (N=1024 -> 4 columns, 256 programs; N=151936 -> 16 or
-    64), so no SM idles and a program can be loading while another on its SM sums.
-    FMA: a 16 KiB W tile a step, as wide in K as the columns leave (up to all of K, so small
-    matrices issue every load at once), shrunk to a power of two dividing K where one >= 256 does
-    (K=3072 -> 1024: no masked tail); 64 values a thread (4 warps at 16 KiB); a program of several
-    K steps keeps two more in flight (3 stages: cp.async into shared memory), one of a single step
-    needs none (its loads are all issued before its sums).
-    Dot: 512-byte K steps (256 bf16: 16 KiB of W at 32 columns) in 4 stages, so three tiles are in
-    flight per program; used from ``DOT_MIN_ROWS`` rows when N gives at least one 16-column
-    program an SM, else the FMA path takes the shape.
-    These are reasoned, not yet measured: ``python -m benchmarks.gemv --sweep`` times the alternatives.
+    The figure that matters is W bytes in flight per SM. Columns: the widest ``BLOCK_N`` of 16, 8, 4
+    that still gives ``PROGRAMS_PER_SM`` programs an SM (N=1024 -> 4 columns, 256 programs), so no SM
+    idles and a program can be loading while another on its SM sums. K: a 16 KiB W tile a step, as
+    wide as the columns leave (up to all of K, so small matrices issue every load at once), shrunk to
+    a power of two dividing K where one >= 256 does (K=3072 -> 1024: no masked tail); 64 values a
+    thread (4 warps at 16 KiB); a program of several K steps keeps two more in flight (3 stages:
+    cp.async into shared memory), one of a single step needs none (its loads all issue before its sums).
+    The row count does not change the choice. ``python -m benchmarks.gemv --sweep`` times the alternatives.
     """
-    if num_rows >= DOT_MIN_ROWS and triton.cdiv(n, 16) >= num_sms:
-        block_n = next((b for b in (64, 32, 16) if triton.cdiv(n, b) >= PROGRAMS_PER_SM * num_sms), 16)
-        block_k = min(512 // element_size, max(16, triton.next_power_of_2(k)))
-        return GemvConfig(block_n, block_k, use_dot=True, num_warps=4, num_stages=4)
     block_n = next((b for b in (16, 8, 4) if triton.cdiv(n, b) >= PROGRAMS_PER_SM * num_sms), 4)
-    block_k = min(FMA_TILE_BYTES // element_size // block_n, triton.next_power_of_2(k))
+    block_k = min(TILE_BYTES // element_size // block_n, triton.next_power_of_2(k))
     while block_k > 256 and k % block_k:
         block_k //= 2
     num_warps = max(1, min(8, block_n * block_k // (32 * 64)))
     num_stages = 1 if block_k >= k else 3
-    return GemvConfig(block_n, block_k, use_dot=False, num_warps=num_warps, num_stages=num_stages)
+    return GemvConfig(block_n, block_k, num_warps=num_warps, num_stages=num_stages)
 
 
 @functools.cache
@@ -181,15 +145,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         return out
     if k == 0:
         return out.zero_() if bias is None else out.copy_(bias.expand_as(out))
-    cfg = config or choose_config(num_rows, n, k, x.element_size(), num_sms(x.device))
-    if cfg.use_dot and cfg.block_n < 16:
-        raise ValueError(f"the dot path needs block_n >= 16, got {cfg}")
+    cfg = config or choose_config(n, k, x.element_size(), num_sms(x.device))
     _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
         rows, weight, bias if bias is not None else weight, out, num_rows, n, k, rows.stride(0), weight.stride(0), n,
-        BLOCK_M=DOT_ROWS if cfg.use_dot else triton.next_power_of_2(num_rows),
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, USE_DOT=cfg.use_dot,
-        HAS_BIAS=bias is not None, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        UPCAST=x.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1",
+        BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None,
         NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
