@@ -17,7 +17,7 @@ from ``benchmarks/configs``), bfloat16, at 1, 2, 4 and 8 rows. Both systems are 
 A per-model line sums one decode step's projections (layers x (qkv + o + gate_up + down) + LM head).
 ``--sweep`` also times a grid of tile choices per cell and prints the best next to the heuristic's,
 to retune ``choose_config`` (slow: a compile per tile and row count; use ``--models``/``--rows``).
-The engine runs the GEMV up to ``infer_core.builtin.quant_none.GEMV_MAX_ROWS`` rows (``gemv_max_rows`` in the
+The engine runs the GEMV up to ``infer_core.layers.fused.dense.GEMV_MAX_ROWS`` rows (``gemv_max_rows`` in the
 results' settings), F.linear beyond.
 
     python -m benchmarks.gemv --out DIR [--models Qwen3-0.6B ...] [--rows 1 8] [--sweep]
@@ -37,8 +37,8 @@ import triton
 from benchmarks.attention import bench_ms, copy_bandwidth, graph_ms
 from benchmarks.common import versions, write_result
 from benchmarks.fused_ops import max_ulps
-from infer_core.builtin.quant_none import GEMV_MAX_ROWS
 from infer_core.layers import fused
+from infer_core.layers.fused.dense import GEMV_MAX_ROWS
 from infer_core.layers.fused.gemv import GemvConfig, choose_config, gemv
 from infer_core.models.config import load_model_config
 

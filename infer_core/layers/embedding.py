@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from infer_core.builtin.quant_none import dense_linear
 from infer_core.interfaces import ParallelContext
 from infer_core.layers import fused
+from infer_core.layers.fused.dense import dense_linear
 
 PAD_MULTIPLE = 64
 

@@ -12,10 +12,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from infer_core.builtin.quant_none import GEMV_MAX_ROWS, UnquantizedLinearMethod, dense_linear, use_gemv
+from infer_core.builtin.quant_none import UnquantizedLinearMethod
 from infer_core.interfaces import ParallelContext
 from infer_core.layers import fused
 from infer_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from infer_core.layers.fused.dense import GEMV_MAX_ROWS, dense_linear, use_gemv
 from infer_core.layers.fused.gemv import MAX_ROWS, GemvConfig, choose_config, gemv
 
 # tails everywhere: N=37 leaves 5 of 16 (and 1 of 4) columns, K=45 leaves 13 of 16 and is no power of two

@@ -8,10 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from infer_core.builtin.quant_none import GEMV_MAX_ROWS, UnquantizedLinearMethod, use_gemv
+from infer_core.builtin.quant_none import UnquantizedLinearMethod
 from infer_core.interfaces import ParallelContext
 from infer_core.layers import fused
 from infer_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from infer_core.layers.fused.dense import GEMV_MAX_ROWS, use_gemv
 from infer_core.layers.fused.gemv import MAX_ROWS, GemvConfig, gemv
 
 pytestmark = pytest.mark.gpu
