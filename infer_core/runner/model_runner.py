@@ -174,10 +174,6 @@ class ModelRunner:
     def uses_cuda_graphs(self) -> bool:
         if self.device.type != "cuda" or self.config.settings.enforce_eager:
             return False
-        if self.parallel.world_size > 1:
-            # Capturing the collectives has not been run on several GPUs yet (issue 7): eager until it has.
-            logger.info("CUDA graphs off: not yet verified with tensor parallelism; every step runs eagerly")
-            return False
         if not self.attention.capabilities(self.ctx).supports_cuda_graphs:
             logger.info("CUDA graphs off: attention %r does not support them; every step runs eagerly",
                         self.config.implementations.get("attention"))
@@ -227,7 +223,13 @@ class ModelRunner:
             if graph_size is not None:
                 logits = self.graphs.replay(graph_size)
                 if logits is not None:
-                    logits = logits.index_select(0, inputs.logits_indices)
+                    num_reqs = len(inputs.request_ids)
+                    if len(inputs.sample_rows) == num_reqs:
+                        # Every request samples its one row: the graph output's first rows, read before
+                        # the next replay rewrites them (copied only for return_logits).
+                        logits = logits[:num_reqs].clone() if self.return_logits else logits[:num_reqs]
+                    else:  # a one-token prompt chunk that does not reach the prompt's end samples nothing
+                        logits = logits.index_select(0, inputs.logits_indices)
             else:
                 metadata = self.attention.build_metadata(inputs.metadata)
                 hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, metadata)
