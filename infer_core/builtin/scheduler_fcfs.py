@@ -46,6 +46,9 @@ class FCFSScheduler(Scheduler):
         self.requests: dict[str, Request] = {}
         self.finished_ids: set[str] = set()
         self.num_preemptions = 0
+        # The Request objects each planned step ran, by id(SchedulerOutput): a step's result is read
+        # after the next step is planned, when an id may already name a new request (abort + re-add).
+        self._planned: dict[int, dict[str, Request]] = {}
 
     # admission -----------------------------------------------------------------------------
 
@@ -138,6 +141,7 @@ class FCFSScheduler(Scheduler):
         num_scheduled_tokens = out.num_scheduled_tokens
         running = RequestStatus.RUNNING
         preempted = False
+        planned: dict[str, Request] = {}
         for request in list(self.running):
             if budget <= 0:
                 break
@@ -178,6 +182,7 @@ class FCFSScheduler(Scheduler):
             new_token_ids = [all_token_ids[-1]] if num_synced == num_tokens - 1 else all_token_ids[num_synced:]
             cached_requests.append(CachedRequestData(request_id, new_token_ids, new_blocks, num_computed, num_pending))
             num_scheduled_tokens[request_id] = num_new
+            planned[request_id] = request
             request.num_inflight_tokens += num_new
             if num_computed + num_new >= num_tokens + num_pending:
                 request.num_pending_tokens = num_pending + 1  # this step samples for it
@@ -211,9 +216,12 @@ class FCFSScheduler(Scheduler):
                 request.sampling_params, allocator.block_ids(request.request_id), request.num_computed_tokens,
             ))
             self._scheduled(out, request, num_new, drafts)
+            planned[request.request_id] = request
             budget -= num_new
 
         out.finished_request_ids = self.finished_ids
+        if planned:
+            self._planned[id(out)] = planned
         self.finished_ids = set()
         return out
 
@@ -236,10 +244,11 @@ class FCFSScheduler(Scheduler):
         requests, running = self.requests, RequestStatus.RUNNING
         spec_token_ids, num_scheduled_tokens = output.spec_token_ids, output.num_scheduled_tokens
         all_logprobs = runner_output.logprobs
+        planned = self._planned.pop(id(output), requests)
         for index, request_id in enumerate(runner_output.request_ids):
-            request = requests.get(request_id)
+            request = planned.get(request_id)
             if request is None or request.status is not running:
-                continue  # finished or preempted while the step ran
+                continue  # finished or preempted while the step ran (the id may name a newer request now)
             tokens = accepted.get(request_id, ())
             num_computed = num_scheduled_tokens[request_id]
             request.num_inflight_tokens -= num_computed
