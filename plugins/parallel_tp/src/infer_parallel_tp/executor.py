@@ -1,9 +1,12 @@
 """The tensor-parallel Executor: rank 0 in the engine's process, ranks 1..N-1 driven over the channel.
 
 Each step is one small message (the pickled SchedulerOutput) pushed to every worker; then every
-rank runs the same forward on its shard, with the layers' collectives keeping them in lockstep,
-and rank 0 samples. A worker that dies turns the next ``execute`` / ``check_health`` (or the one
-in flight) into an EngineDeadError, and the rest of the ranks are stopped with it.
+rank runs the same forward on its shard, with the layers' collectives keeping them in lockstep.
+The LM head all-gathers the logits, so every rank samples the same tokens and keeps them on its
+device: the next step reads a pending token there, and the engine may launch step N+1 before it
+reads step N (overlapped scheduling). Only rank 0's tokens come back; the workers never wait for
+theirs. A worker that dies turns the next step, ``check_health`` or the result in flight into an
+EngineDeadError, and the rest of the ranks are stopped with it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 
 import torch.distributed as dist
 from infer_core.errors import EngineDeadError
-from infer_core.interfaces import Executor, RunnerOutput, SchedulerOutput
+from infer_core.interfaces import Executor, PendingOutput, RunnerOutput, SchedulerOutput
 
 from infer_parallel_tp.channel import Call, LeaderChannel
 from infer_parallel_tp.group import (
@@ -27,7 +30,7 @@ from infer_parallel_tp.group import (
     torchrun_placement,
     torchrun_store,
 )
-from infer_parallel_tp.worker_main import INIT, STOP
+from infer_parallel_tp.worker_main import INIT, STEP, STOP
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +40,34 @@ STOP_TIMEOUT = 10.0  # seconds shutdown waits for workers to exit before killing
 CRASH_GRACE = 5.0  # after a failed step: how long to wait for a worker's exit to show
 
 
+class CheckedOutput(PendingOutput):
+    """Rank 0's output of a launched step, read only once every rank is known to be alive.
+
+    A worker lost mid-step (NCCL aborted) can leave rank 0 with a result that is not to be trusted,
+    so the health check comes after the wait; a failure while waiting is blamed on a dead worker
+    when one died.
+    """
+
+    def __init__(self, executor: TensorParallelExecutor, pending: PendingOutput) -> None:
+        self.executor = executor
+        self.pending = pending
+
+    def result(self) -> RunnerOutput:
+        try:
+            output = self.pending.result()
+        except EngineDeadError:
+            raise
+        except BaseException as e:
+            self.executor._raise_if_a_worker_died(e)
+            raise
+        self.executor.check_health()
+        return output
+
+
 class TensorParallelExecutor(Executor):
     """Drives every rank of one tensor-parallel group; the engine talks only to this."""
+
+    supports_overlap = True  # every rank samples and keeps its sampled ids on its device
 
     def __init__(self, engine_config: Any, world_size: int) -> None:
         from infer_core.runner.worker import Worker
@@ -149,16 +178,19 @@ class TensorParallelExecutor(Executor):
     def init_kv_cache(self, num_blocks: int) -> None:
         self._call_all("init_kv_cache", num_blocks)
 
-    def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
+    def execute_async(self, scheduler_output: SchedulerOutput) -> PendingOutput:
+        """Send the step to every worker, launch it here, and return before its tokens are read."""
         self.check_health()
-        self.channel.send(Call("execute", (scheduler_output,), reply=False))
+        self.channel.send(Call(STEP, (scheduler_output,), reply=False))
         try:
-            output = self.worker.execute(scheduler_output)
+            pending = self.worker.execute_async(scheduler_output)
         except BaseException as e:
             self._raise_if_a_worker_died(e)
             raise
-        self.check_health()  # a worker lost mid-step (NCCL aborted): this step's result is not to be trusted
-        return output
+        return CheckedOutput(self, pending)
+
+    def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
+        return self.execute_async(scheduler_output).result()
 
     def collective_rpc(self, method: str, *args: Any) -> list[Any]:
         return self._call_all(method, *args)

@@ -3,6 +3,11 @@
 Spawned by the engine (``spawn_entry``), or started by torchrun for ranks > 0 (see ``launch``).
 Any failure ends the process: a rank in an unknown state must not take part in collectives;
 rank 0 sees the exit and reports the engine dead.
+
+A step (``STEP``) is launched and not waited for: its sampled tokens stay on this rank's device,
+where the next step reads its pending tokens, and nobody reads them on the host. This rank's host
+then runs ahead of its device no further than rank 0's: rank 0 sends step N+1 only after it has
+read step N-1, which the collectives tie to this rank's step N-1.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 STOP = "stop"
 INIT = "init"
+STEP = "step"  # launch one SchedulerOutput; no reply
 
 
 def _exit_with_parent(parent_pid: int) -> None:
@@ -64,11 +70,13 @@ class RankLoop:
                     self.channel.reply(True, None)
                     return 0
                 try:
-                    result = (
+                    result = None
+                    if call.method == STEP:
+                        self.worker.execute_async(*call.args)  # the result is never read on this rank
+                    elif call.method == INIT:
                         self._init(store, *call.args)
-                        if call.method == INIT
-                        else getattr(self.worker, call.method)(*call.args)
-                    )
+                    else:
+                        result = getattr(self.worker, call.method)(*call.args)
                 except BaseException:  # noqa: BLE001 - any failure ends this rank, reported to rank 0
                     text = traceback.format_exc()
                     logger.error("tensor-parallel rank %d: %s failed:\n%s", self.placement.rank, call.method, text)
