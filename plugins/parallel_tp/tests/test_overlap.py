@@ -7,6 +7,9 @@ runs the same requests at TP=1 and TP=2 and compares tokens, finish reasons, log
 logits of every sampled position: greedy, seeded sampling with top-k/top-p/min-p and every
 penalty, unseeded sampling (the runner's generator, seeded alike on every rank), logprobs, n=2,
 and stops, with overlap on and off, in chunked prefill next to decodes and under preemption.
+A worker killed while steps overlap ends the engine in seconds; on shutdown and after such a death
+rank 0's runner is freed before the group is left (on CUDA its graphs hold the NCCL communicator,
+which NCCL will not destroy or abort while they live).
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ import os
 import signal
 import threading
 import time
+import weakref
 
 import pytest
 import torch
+import torch.distributed as dist
 from infer_core import LLM, SamplingParams
 from infer_core.errors import EngineDeadError
 from infer_core.testing import LogitsRecorder
@@ -99,9 +104,31 @@ def test_overlapped_two_ranks_give_the_tokens_of_one_rank_in_lockstep(tiny_check
     _assert_same(got, expected)
 
 
+def _watch_runner_release(llm: LLM) -> list[bool]:
+    """Whether the group still existed when rank 0's runner was freed (one entry once it is).
+
+    A runner's CUDA graphs hold the NCCL communicator: it must be gone before the group is left.
+    """
+    freed_while_in_group: list[bool] = []
+    runner = llm.engine.executor.worker.runner
+    llm._runner_ref = weakref.ref(runner, lambda _: freed_while_in_group.append(dist.is_initialized()))
+    return freed_while_in_group
+
+
+def test_shutdown_frees_the_runner_before_leaving_the_group(tiny_checkpoint, assert_no_workers_left):
+    llm = LLM(str(tiny_checkpoint("qwen3")), tensor_parallel_size=2, **{**SETTINGS, "num_kv_blocks": 64})
+    freed_while_in_group = _watch_runner_release(llm)
+    llm.generate([_prompt(9)], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    llm.shutdown()
+    assert freed_while_in_group == [True]
+    assert not dist.is_initialized()
+    assert_no_workers_left()
+
+
 def test_worker_killed_while_steps_overlap(tiny_checkpoint, assert_no_workers_left):
     llm = LLM(str(tiny_checkpoint("qwen3")), tensor_parallel_size=2, **{**SETTINGS, "num_kv_blocks": 256})
     assert llm.engine.overlap
+    freed_while_in_group = _watch_runner_release(llm)
     (pid,) = llm.engine.executor.worker_pids
     killed_at: list[float] = []
 
@@ -119,6 +146,7 @@ def test_worker_killed_while_steps_overlap(tiny_checkpoint, assert_no_workers_le
     finally:
         timer.cancel()
     assert killed_at and time.monotonic() - killed_at[0] < DEADLINE_S
+    assert freed_while_in_group == [True]  # even with the failed step's traceback still held by pytest
     with pytest.raises(EngineDeadError):
         llm.engine.executor.check_health()
     llm.shutdown()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import traceback
 from typing import Any
 
 import torch.distributed as dist
@@ -27,6 +28,7 @@ from infer_parallel_tp.group import (
     backend_for,
     join_group,
     leave_group,
+    release_worker,
     torchrun_placement,
     torchrun_store,
 )
@@ -38,6 +40,19 @@ LOCALHOST = "127.0.0.1"
 STARTUP_TIMEOUT = 600.0  # a worker that is not up (imports, CUDA context) within this is reported dead
 STOP_TIMEOUT = 10.0  # seconds shutdown waits for workers to exit before killing them
 CRASH_GRACE = 5.0  # after a failed step: how long to wait for a worker's exit to show
+
+
+def _drop_locals(error: BaseException | None) -> None:
+    """Clear the finished frames of ``error``'s traceback (and of the errors it chains to).
+
+    Their locals hold the runner (``self`` of its methods); only once it is gone can the group be
+    aborted (see ``release_worker``). The tracebacks still print.
+    """
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)
+        error = error.__cause__ or error.__context__
 
 
 class CheckedOutput(PendingOutput):
@@ -140,6 +155,7 @@ class TensorParallelExecutor(Executor):
     def _die(self, reason: str, cause: BaseException | None = None) -> None:
         """Stop every rank and raise: the group cannot continue without one of its shards."""
         self.is_dead = True
+        _drop_locals(cause)  # its frames would keep the runner, and so its CUDA graphs, alive
         self._stop_ranks(graceful=False)
         raise EngineDeadError(f"a tensor-parallel worker died ({reason}); restart the engine") from cause
 
@@ -214,6 +230,5 @@ class TensorParallelExecutor(Executor):
                 self.workers.stop(STOP_TIMEOUT)
             else:
                 self.workers.kill()
+        release_worker(self, wait=graceful)  # its CUDA graphs hold the NCCL communicator
         leave_group(abort=not graceful)
-        if self.worker is not None:
-            self.worker.shutdown()

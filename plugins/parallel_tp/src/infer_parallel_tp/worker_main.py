@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from infer_parallel_tp.channel import WorkerChannel
-from infer_parallel_tp.group import RankPlacement, backend_for, join_group, leave_group
+from infer_parallel_tp.group import RankPlacement, backend_for, join_group, leave_group, release_worker
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +89,7 @@ class RankLoop:
             logger.error("tensor-parallel rank %d: lost rank 0's store; exiting", self.placement.rank)
             return 1
         finally:
+            release_worker(self, wait=not failed)  # its CUDA graphs hold the NCCL communicator
             leave_group(abort=failed)
 
 
