@@ -8,6 +8,12 @@ depend on what else is in the batch, nor on whether it was preempted and resumed
 On CUDA (with triton) one fused kernel does temperature, the top-k/top-p cut, min-p, the noise
 and the argmax (``sampling/fused.py``); the torch functions here are the reference it is tested
 against and the path on the CPU. Nothing here reads a device value on the host.
+
+The model's logits are often bfloat16. Every bf16/fp16 value is exactly a float32 value, so the
+greedy argmax, the top-k/top-p cut (which selects in the logits' dtype and widens what it kept)
+and the fused kernel (which widens in registers) read them as they are and pick the tokens that
+converting first would pick, without writing an [R, V] float32 copy. Penalties, banned tokens,
+logprobs and the torch path still convert to float32 first.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from infer_core.layers.sampling.thresholds import top_k_top_p_cut
 from infer_core.sampling_params import MIN_SAMPLING_TEMPERATURE
 
 _MAX_RANDOM_KEY = 1 << 62  # unseeded rows draw a fresh Philox key per step from the batch's generator
+# dtypes whose every value is a float32 value: argmax and the fused kernel need no float32 copy of them
+_WIDENS_EXACTLY = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @dataclass(slots=True)
@@ -158,32 +166,44 @@ def _noise_keys(batch: SamplingBatch, num_rows: int, device: torch.device) -> tu
 def _sample_fused(logits: torch.Tensor, batch: SamplingBatch, is_greedy: torch.Tensor, kernels) -> torch.Tensor:
     threshold = num_ties = None
     if batch.top_k is not None or batch.top_p is not None:
-        temperature = torch.where(is_greedy, 1.0, batch.temperature)
+        temperature = torch.where(is_greedy, 1.0, batch.temperature.float())
         threshold, num_ties = top_k_top_p_cut(logits, temperature, batch.top_k, batch.top_p, batch.max_top_k)
     keys, positions = _noise_keys(batch, logits.shape[0], logits.device)
     min_p = None if batch.min_p is None else batch.min_p.float()
-    return kernels.fused_sample(logits.contiguous(), batch.temperature.float(), keys, positions, min_p,
-                                threshold, num_ties)
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()  # rows may be strided (a slice of a padded vocabulary); tokens may not
+    return kernels.fused_sample(logits, batch.temperature.float(), keys, positions, min_p, threshold, num_ties)
+
+
+def _has_penalties(batch: SamplingBatch) -> bool:
+    """Whether ``apply_penalties`` may change this batch's logits (then they are converted first)."""
+    return batch.output_counts is not None or (batch.repetition_penalty is not None and batch.seen_mask is not None)
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch, use_fused: bool | None = None) -> SamplerOutput:
-    """Sample one token per row of ``logits`` [R, V].
+    """Sample one token per row of ``logits`` [R, V] (any float dtype; the model's, typically bfloat16).
 
+    The tokens are those of ``logits.float()``. bf16/fp16/fp32 logits are read as they are by the
+    greedy argmax and by the fused kernel when the batch has no penalties, banned tokens or
+    logprobs; otherwise (and on the torch path) they are converted to float32 first.
     ``use_fused``: None picks the fused kernel on CUDA when triton is installed; False forces the
     torch path; True forces the kernel (on CPU tensors too, under ``TRITON_INTERPRET=1``).
     """
-    logits = logits.float()
-    out = SamplerOutput(token_ids=torch.empty(0))
-    raw_logprobs = logits.log_softmax(dim=-1) if batch.max_num_logprobs is not None else None
-    if batch.banned is not None:
-        rows, cols = batch.banned
-        logits = logits.index_put((rows, cols), torch.tensor(float("-inf"), device=logits.device))
-    logits = apply_penalties(logits, batch)
     kernels = None
     if use_fused or (use_fused is None and logits.is_cuda):
         kernels = _fused_kernels()
         if kernels is None and use_fused:
             raise RuntimeError("sample(use_fused=True) needs triton: pip install triton")
+    reads_as_is = (logits.dtype in _WIDENS_EXACTLY and (batch.all_greedy or kernels is not None)
+                   and batch.max_num_logprobs is None and batch.banned is None and not _has_penalties(batch))
+    if not reads_as_is:
+        logits = logits.float()
+    out = SamplerOutput(token_ids=torch.empty(0))
+    raw_logprobs = logits.log_softmax(dim=-1) if batch.max_num_logprobs is not None else None
+    if batch.banned is not None:
+        rows, cols = batch.banned
+        logits = logits.index_put((rows, cols), logits.new_full((), float("-inf")))  # a fill, not a host copy
+    logits = apply_penalties(logits, batch)
     if batch.all_greedy:
         token_ids = logits.argmax(dim=-1)
     elif kernels is not None:

@@ -5,7 +5,8 @@
 runs them on CUDA at real shapes. Run directly: ``python tests/sampling/fused_checks.py NAME``.
 
 Seeded rows get the same Philox noise on both paths, so the fused kernel must pick exactly the
-token the reference picks (argmax of ``p / q`` there, of ``z - log q`` here).
+token the reference picks (argmax of ``p / q`` there, of ``z - log q`` here). bf16/fp16 logits,
+read by the kernel as they are, must give the tokens of the same logits converted to float32.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import sys
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from infer_core.layers.sampler import SamplingBatch, sample
 from infer_core.layers.sampling.philox import seed_key
@@ -105,6 +108,80 @@ def check_seeded_rows_ignore_the_batch(device: str, vocab: int) -> None:
         mixed_logits[where] = logits
         mixed = sample(mixed_logits, seeded_batch(rows, where), use_fused=True).token_ids[where]
         assert torch.equal(mixed, alone), (rows, mixed.tolist(), alone.tolist())
+
+
+class LogitsFloatCopies(TorchDispatchMode):
+    """Records every op that reads ``logits`` and writes a float32 tensor as large as they are.
+
+    ``logits.float()`` is one; so is any other whole-row float32 pass over them. Used as a context
+    manager around ``sample``; ``copies`` lists the ops' names.
+    """
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        super().__init__()
+        self.storage = logits.untyped_storage().data_ptr()
+        self.numel = logits.numel()
+        self.copies: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        reads = any(isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == self.storage
+                    for a in tree_leaves((args, kwargs)))
+        if reads and any(isinstance(o, torch.Tensor) and o.dtype == torch.float32 and o.numel() >= self.numel
+                         for o in tree_leaves(out)):
+            self.copies.append(str(func))
+        return out
+
+
+def _low_precision_batches(num_rows: int, vocab: int, generator: torch.Generator, device: str):
+    """(name, build) pairs: ``build()`` makes the same batch afresh (unseeded rows' generator included)."""
+    # (top-k + top-p alone: the rows of the last set whose min_p is 0)
+    for features in ({}, dict(top_k=True), dict(top_p=True), dict(min_p=True),
+                     dict(top_k=True, top_p=True, min_p=True)):
+        flags = dict(dict(top_k=False, top_p=False, min_p=False), **features)
+        batch = _batch(num_rows, generator, device, vocab=vocab, **flags)
+        for seeding in ("seeded", "mixed"):
+            def build(batch=batch, seeding=seeding):
+                copy = SamplingBatch(**{name: getattr(batch, name) for name in SamplingBatch.__slots__})
+                copy.generator = torch.Generator(device=device).manual_seed(17)
+                if seeding == "mixed":  # unseeded rows draw their keys from the (fresh) generator
+                    copy.is_seeded = torch.arange(num_rows, device=device) % 2 == 0
+                return copy
+            yield f"{'+'.join(features) or 'temperature'},{seeding}", build
+    all_greedy = SamplingBatch(temperature=torch.zeros(num_rows, device=device), all_greedy=True)
+    yield "all_greedy", lambda: all_greedy
+
+
+def check_low_precision_matches_float(device: str, num_rows: int, vocab: int) -> None:
+    """bf16/fp16 logits give, token for token, what ``logits.float()`` gives, and are not converted."""
+    generator = torch.Generator().manual_seed(num_rows * 31 + vocab)
+    fp16_cases = {"temperature,mixed", "top_k+top_p+min_p,mixed", "all_greedy"}  # bf16 (the models') gets all
+    for dtype in (torch.bfloat16, torch.float16):
+        logits = (_logits(num_rows, vocab, generator, device) * 4).to(dtype)  # bf16 rounding makes more ties
+        logits[2::5, vocab // 3:] = float("-inf")
+        wide = torch.full((num_rows, vocab + 40), 7.0, dtype=dtype, device=device)
+        wide[:, :vocab] = logits
+        strided = wide[:, :vocab]  # rows of a padded vocabulary: stride(0) != vocab
+        for name, build in _low_precision_batches(num_rows, vocab, generator, device):
+            if dtype == torch.float16 and name not in fp16_cases:
+                continue
+            for low in (logits, strided) if name.endswith(",mixed") else (logits,):
+                with LogitsFloatCopies(low) as seen:
+                    tokens = sample(low, build(), use_fused=True).token_ids
+                assert not seen.copies, f"{dtype} {name}: the logits were converted: {seen.copies}"
+                expected = sample(low.float(), build(), use_fused=True).token_ids
+                mismatched = (tokens != expected).nonzero().flatten().tolist()
+                assert not mismatched, f"{dtype} {name}: rows {mismatched[:8]} differ: " \
+                                       f"{tokens[mismatched[:8]].tolist()} vs {expected[mismatched[:8]].tolist()}"
+            if name.endswith(",seeded"):  # and the torch reference on float32 agrees
+                reference = sample(logits.float(), build(), use_fused=False).token_ids
+                assert torch.equal(tokens, reference), f"{dtype} {name}: fused bf16 vs torch reference"
+        # a batch with logprobs still converts (and the detector sees it)
+        batch = _low_precision_batches(num_rows, vocab, generator, device).__next__()[1]()
+        batch.max_num_logprobs = 0
+        with LogitsFloatCopies(logits) as seen:
+            sample(logits, batch, use_fused=True)
+        assert seen.copies, "logprobs need float32 logits: expected a conversion"
 
 
 if __name__ == "__main__":

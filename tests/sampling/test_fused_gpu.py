@@ -34,6 +34,86 @@ def test_seeded_rows_ignore_the_batch_on_cuda():
 
 
 # ---------------------------------------------------------------------------------------------
+# bf16 logits (the model's) read as they are: the same tokens, no float32 copy, no host sync
+
+
+@pytest.mark.parametrize("num_rows", [1, 3, 64, 256])
+def test_low_precision_matches_float_at_real_shapes(num_rows):
+    checks.check_low_precision_matches_float("cuda", num_rows, VOCAB)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_greedy_ties_pick_the_lowest_index_on_cuda(dtype):
+    generator = torch.Generator().manual_seed(2)
+    logits = torch.randint(-3, 4, (256, VOCAB), generator=generator).float()  # each row's maximum ~20,000 times
+    logits[::3] = torch.randn(len(logits[::3]), VOCAB, generator=generator) * 8  # ties made by rounding
+    logits[1, :] = 2.0
+    logits[4, -1] = 100.0
+    logits = logits.to(dtype)
+    expected = np.argmax(logits.float().numpy(), axis=1)  # numpy: the first maximal value
+    batch = SamplingBatch(temperature=torch.zeros(256, device="cuda"), all_greedy=True)
+    tokens = sample(logits.cuda(), batch).token_ids.cpu().numpy()
+    assert (tokens == expected).all(), np.nonzero(tokens != expected)
+    assert (sample(logits.cuda().float(), batch).token_ids.cpu().numpy() == expected).all()
+
+
+def _bf16_batches(num_rows):
+    """The offline-throughput case (temperature) and its neighbours, as built on the device."""
+    generator = torch.Generator().manual_seed(num_rows)
+    column = lambda v, dtype=torch.float32: torch.full((num_rows,), v, dtype=dtype, device="cuda")  # noqa: E731
+    seeded = dict(seeds=torch.randint(0, 2**62, (num_rows,), generator=generator).cuda(),
+                  positions=torch.arange(num_rows, device="cuda"),
+                  is_seeded=torch.arange(num_rows, device="cuda") % 2 == 0)
+    mixed = column(0.7)
+    mixed[::4] = 0.0
+    top_k = column(50, torch.int64)
+    return {
+        "greedy": SamplingBatch(temperature=column(0.0), all_greedy=True),
+        "temperature": SamplingBatch(temperature=column(0.6), all_greedy=False),
+        "mixed_greedy_seeded": SamplingBatch(temperature=mixed, all_greedy=False, **seeded),
+        "top_k": SamplingBatch(temperature=column(0.7), all_greedy=False, top_k=top_k, max_top_k=50),
+        "top_p": SamplingBatch(temperature=column(0.7), all_greedy=False, top_p=column(0.9)),
+        "top_k_top_p_min_p": SamplingBatch(temperature=column(0.7), all_greedy=False, top_k=top_k, top_p=column(0.9),
+                                           min_p=column(0.05), max_top_k=50, **seeded),
+    }
+
+
+@pytest.mark.parametrize("case", ["greedy", "temperature", "mixed_greedy_seeded", "top_k", "top_p",
+                                  "top_k_top_p_min_p"])
+def test_bf16_sampling_reads_nothing_on_the_host(case):
+    """Under CUDA's sync debug mode "error", a device-to-host read or blocking copy in sample() raises."""
+    num_rows = 256
+    logits = (torch.randn(num_rows, VOCAB, device="cuda") * 3).bfloat16()
+    batch = _bf16_batches(num_rows)[case]
+    batch.generator = torch.Generator(device="cuda").manual_seed(0)
+    sample(logits, batch)  # compiled before the check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        tokens = sample(logits, batch).token_ids
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert tokens.shape == (num_rows,) and int(tokens.max()) < VOCAB
+
+
+@pytest.mark.parametrize("case", ["greedy", "temperature", "mixed_greedy_seeded", "top_k"])
+def test_bf16_sampling_allocates_no_float_copy(case):
+    """The peak memory of sample() stays far below the [R, V] float32 copy that converting would allocate."""
+    num_rows = 256
+    logits = (torch.randn(num_rows, VOCAB, device="cuda") * 3).bfloat16()
+    batch = _bf16_batches(num_rows)[case]
+    sample(logits, batch)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    sample(logits, batch)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    float_copy = num_rows * VOCAB * 4
+    assert extra < float_copy // 4, f"{case}: sample() allocated {extra} bytes; a float32 copy is {float_copy}"
+
+
+# ---------------------------------------------------------------------------------------------
 # distributions (chi-square against float64, as tests/test_sampler.py does on the CPU path)
 
 LOGITS = np.array([1.3, -0.4, 2.1, 0.2, -1.6, 0.9, -2.7, 1.7, -0.9, 0.5, -3.2, 1.0, -0.1, -2.1, 2.6, -1.2])

@@ -23,6 +23,8 @@ CHECKS = Path(__file__).with_name("fused_checks.py")
     ["matches_reference", "2", "9000"],  # several slices per row
     ["ties_across_slices", "20000"],
     ["seeded_rows_ignore_the_batch", "12000"],
+    ["low_precision_matches_float", "12", "700"],  # bf16/fp16 logits read as they are
+    ["low_precision_matches_float", "2", "9000"],
 ], ids=lambda c: "-".join(c))
 def test_fused_kernel_interpreted(check):
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")

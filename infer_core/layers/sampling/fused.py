@@ -4,7 +4,10 @@ Each program reads one slice of one row once and keeps the best ``z - log(q)`` (
 of the exponential race ``argmax(p / q)``, so no softmax is needed): ``z = logits / temperature``,
 ``q ~ Exp(1)`` from Philox keyed by (row key, position, token). Tokens outside the row's top-k /
 top-p set (a threshold value plus how many tokens tied at it are kept, lowest ids first) or below
-min-p score -inf. Greedy rows score their raw logits. Importing this module imports triton.
+min-p score -inf. Greedy rows score their raw logits. Logits may be bfloat16, float16 or float32:
+each loaded value is widened to float32 in registers (exactly: every bf16/fp16 value is a float32
+value), so the tokens are those of the same logits converted first, without the [R, V] float32 copy.
+Importing this module imports triton.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from infer_core.sampling_params import MIN_SAMPLING_TEMPERATURE
 
 BLOCK = 2048  # tokens per loop iteration of a program
 NUM_WARPS = 8
+LOGITS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # widened to float32 exactly, in registers
 _TARGET_PROGRAMS = 528  # enough programs to fill an H100/H200 (132 SMs) a few times over
 
 
@@ -35,7 +39,8 @@ def _count_ties_kernel(logits_ptr, stride, temperature_ptr, threshold_ptr, count
         block_start = start + block * BLOCK
         offs = block_start + tl.arange(0, BLOCK)
         in_vocab = offs < vocab_size
-        logits = tl.load(logits_ptr + row.to(tl.int64) * stride + offs, mask=in_vocab, other=float("-inf"))
+        logits = tl.load(logits_ptr + row.to(tl.int64) * stride + offs, mask=in_vocab,
+                         other=float("-inf")).to(tl.float32)
         z = tl.math.div_rn(logits, tl.full((BLOCK,), 1.0, tl.float32) * temperature)
         count += tl.sum(((z == threshold) & in_vocab).to(tl.int32), axis=0)
     tl.store(counts_ptr + row * num_splits + split, count)
@@ -66,7 +71,8 @@ def _sample_kernel(logits_ptr, stride, temperature_ptr, min_p_ptr, row_max_ptr, 
         block_start = start + block * BLOCK
         offs = block_start + tl.arange(0, BLOCK)
         in_slice = offs < vocab_size
-        logits = tl.load(logits_ptr + row.to(tl.int64) * stride + offs, mask=in_slice, other=float("-inf"))
+        logits = tl.load(logits_ptr + row.to(tl.int64) * stride + offs, mask=in_slice,
+                         other=float("-inf")).to(tl.float32)
         z = tl.math.div_rn(logits, tl.full((BLOCK,), 1.0, tl.float32) * temperature)
         keep = in_slice
         if HAS_THRESHOLD:
@@ -102,13 +108,13 @@ def num_splits_for(num_rows: int, vocab_size: int) -> int:
 def fused_sample(logits: torch.Tensor, temperature: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor,
                  min_p: torch.Tensor | None = None, threshold: torch.Tensor | None = None,
                  num_ties: torch.Tensor | None = None) -> torch.Tensor:
-    """Sampled token ids [R] int64 of float32 ``logits`` [R, V] (contiguous rows).
+    """Sampled token ids [R] int64 of ``logits`` [R, V] (bfloat16, float16 or float32; unit stride along V).
 
     ``threshold`` [R] float32 / ``num_ties`` [R] int32 describe each row's top-k/top-p set in
     scaled-logit space (see ``thresholds.py``); ``min_p`` [R] float32 (0 = off).
     """
     num_rows, vocab_size = logits.shape
-    assert logits.dtype == torch.float32 and logits.stride(1) == 1
+    assert logits.dtype in LOGITS_DTYPES and logits.stride(1) == 1, (logits.dtype, logits.stride())
     num_splits = num_splits_for(num_rows, vocab_size)
     slice_size = triton.cdiv(triton.cdiv(vocab_size, num_splits), BLOCK) * BLOCK
     num_splits = triton.cdiv(vocab_size, slice_size)
@@ -125,7 +131,7 @@ def fused_sample(logits: torch.Tensor, temperature: torch.Tensor, keys: torch.Te
         ties_before = (counts.cumsum(dim=1, dtype=torch.int32) - counts).contiguous()
     elif has_threshold:
         ties_before = torch.zeros(num_rows, 1, dtype=torch.int32, device=device)
-    row_max = logits.amax(dim=1) if min_p is not None else None
+    row_max = logits.amax(dim=1).float() if min_p is not None else None  # exact: the max is one of the values
     _sample_kernel[grid](
         logits, logits.stride(0), temperature, min_p, row_max, threshold, num_ties, ties_before, keys, positions,
         best_score, best_token, vocab_size, num_splits,

@@ -9,6 +9,11 @@ mass): ``topk`` of the batch's largest k when every top-p row also has a top-k, 
 For a small k, the top-k values are found among the ``k`` chunks of 64 tokens with the largest
 maxima (every token above the k-th largest chunk maximum lies in those chunks), so ``topk`` runs
 over [R, V/64] and [R, 64k] instead of [R, V].
+
+The logits may be bfloat16 or float16: the leading values are selected (``topk``, sort) in the
+logits' own dtype, which orders them as their exact float32 widening does, and only the selected
+values are widened and divided by the temperature. Division by ``t > 0`` (rounded) never swaps two
+values, so this is the prefix of the sorted scaled logits, as if the row had been scaled first.
 """
 
 from __future__ import annotations
@@ -73,18 +78,18 @@ def leading_values(logits: torch.Tensor, width: int) -> torch.Tensor:
 
 def top_k_top_p_cut(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None,
                     top_p: torch.Tensor | None, max_top_k: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's cut for float32 ``logits`` [R, V] scaled by ``temperature`` [R] (greedy rows: 1).
+    """Each row's cut for ``logits`` [R, V] (bf16, fp16 or fp32) scaled by float32 ``temperature`` [R] (greedy: 1).
 
     ``max_top_k``: the batch's largest top-k when every row with top-p also has a top-k (then
     only that many leading values are found, with ``topk``); None sorts whole rows.
     """
     vocab_size = logits.shape[1]
     if max_top_k is not None and 0 < max_top_k < vocab_size:
-        # topk on the raw logits has the same leading values as on z (division by t > 0 keeps order)
         values = leading_values(logits, max_top_k)
-        sorted_z = values / temperature.unsqueeze(1)
     else:
-        sorted_z = (logits / temperature.unsqueeze(1)).sort(dim=1, descending=True).values
+        values = logits.sort(dim=1, descending=True).values
+    # select, then scale: division by t > 0 keeps the order, so these are the leading values of z
+    sorted_z = values.float() / temperature.unsqueeze(1)
     return cut_from_sorted(sorted_z, top_k, top_p, vocab_size)
 
 
