@@ -63,6 +63,94 @@ def test_two_gpus_match_one_in_float32(tiny_checkpoint, assert_no_workers_left, 
     assert_no_workers_left()
 
 
+SAMPLING = [
+    SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+    SamplingParams(seed=7, temperature=0.9, top_k=20, top_p=0.9, max_tokens=16, ignore_eos=True),
+    SamplingParams(seed=3, temperature=1.0, presence_penalty=1.5, frequency_penalty=0.7, repetition_penalty=1.3,
+                   max_tokens=16, ignore_eos=True),
+    SamplingParams(seed=11, temperature=0.7, min_p=0.05, max_tokens=16, logprobs=2, ignore_eos=True),
+    SamplingParams(temperature=0.8, top_k=30, max_tokens=16, ignore_eos=True),  # the runner's generator
+]
+
+
+def _sample(folder, tensor_parallel_size: int, **settings):
+    """Tokens and per-request logits of SAMPLING's requests; also whether rank 0 captured CUDA graphs."""
+    llm = LLM(str(folder), device="cuda", dtype="float32", tensor_parallel_size=tensor_parallel_size,
+              max_model_len=1024, gpu_memory_utilization=0.5, **settings)
+    try:
+        assert llm.engine.overlap  # the default: steps overlap on one rank and on two
+        has_graphs = llm.engine.executor.worker.runner.graphs is not None  # no reference kept: see release_worker
+        prompts = _prompts(384, (5, 40, 97, 12, 64))
+        with LogitsRecorder(llm.engine) as recorder:
+            outputs = llm.generate(prompts, SAMPLING, use_tqdm=False)
+        return ([o.outputs[0].token_ids for o in outputs],
+                [torch.stack(recorder.logits[o.request_id]) for o in outputs], has_graphs)
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+def test_overlapped_sampling_on_two_gpus_gives_the_tokens_of_one(tiny_checkpoint, assert_no_workers_left, kind):
+    """Every rank samples from the all-gathered logits and feeds its own tokens to the next step:
+    greedy, seeded with penalties, min-p with logprobs, and unseeded rows all match one GPU's."""
+    folder = tiny_checkpoint(kind)
+    ref_tokens, ref_logits, _ = _sample(folder, 1)
+    tokens, logits, _ = _sample(folder, 2)
+    assert tokens == ref_tokens
+    for got, expected in zip(logits, ref_logits):
+        torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-3)
+    assert_no_workers_left()
+
+
+def test_tensor_parallel_decode_replays_cuda_graphs_like_eager(tiny_checkpoint, assert_no_workers_left):
+    """The all-reduces and the LM head's all-gather captured in the graphs give the eager steps' logits."""
+    folder = tiny_checkpoint("qwen3")
+    eager_tokens, eager_logits, eager_graphs = _sample(folder, 2, attention="triton", enforce_eager=True)
+    tokens, logits, has_graphs = _sample(folder, 2, attention="triton")  # a backend that supports graphs
+    assert (eager_graphs, has_graphs) == (False, True)
+    assert tokens == eager_tokens
+    for got, expected in zip(logits, eager_logits):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert_no_workers_left()
+
+
+# In a process of its own: a communicator that a live CUDA graph captured cannot be destroyed, so a
+# shutdown that left the group before freeing the graphs would hang here, not the suite.
+SHUTDOWN_WITH_GRAPHS = textwrap.dedent(
+    """
+    import sys, time
+    from infer_core import LLM, SamplingParams
+
+    if __name__ == "__main__":
+        llm = LLM(sys.argv[1], device="cuda", dtype="float32", attention="triton", tensor_parallel_size=2,
+                  gpu_memory_utilization=0.5)
+        print("GRAPHS", llm.engine.executor.worker.runner.graphs is not None, flush=True)
+        params = SamplingParams(temperature=0.8, seed=1, max_tokens=32, ignore_eos=True)
+        llm.generate([[3 + i, 4, 5] for i in range(8)], params, use_tqdm=False)
+        start = time.monotonic()
+        llm.shutdown()
+        print("SHUTDOWN", time.monotonic() - start, flush=True)
+    """
+)
+
+
+def test_shutdown_with_captured_graphs_returns(tiny_checkpoint, tmp_path):
+    script = tmp_path / "shutdown_with_graphs.py"
+    script.write_text(SHUTDOWN_WITH_GRAPHS)
+    run = subprocess.Popen([sys.executable, str(script), str(tiny_checkpoint("qwen3"))], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = run.communicate(timeout=180)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    lines = dict(line.split(" ", 1) for line in stdout.splitlines() if line.startswith(("GRAPHS", "SHUTDOWN")))
+    assert lines.get("GRAPHS") == "True", stdout[-2000:] + stderr[-3000:]
+    assert "SHUTDOWN" in lines and float(lines["SHUTDOWN"]) < 10, stdout[-2000:] + stderr[-3000:]
+    assert run.returncode == 0, stderr[-3000:]
+
+
 def test_bfloat16_logits_of_a_real_shape_within_2e_2(tmp_path, assert_no_workers_left):
     # Qwen3-0.6B untied, so the LM head is its own vocabulary-parallel matrix
     write_config_checkpoint("Qwen3-0.6B", tmp_path, tie_word_embeddings=False)
