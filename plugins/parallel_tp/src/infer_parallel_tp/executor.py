@@ -73,7 +73,7 @@ class CheckedOutput(PendingOutput):
         except EngineDeadError:
             raise
         except BaseException as e:
-            self.executor._raise_if_a_worker_died(e)
+            self.executor.raise_if_a_worker_died(e)
             raise
         self.executor.check_health()
         return output
@@ -171,10 +171,10 @@ class TensorParallelExecutor(Executor):
         except EngineDeadError:
             raise
         except BaseException as e:
-            self._raise_if_a_worker_died(e)
+            self.raise_if_a_worker_died(e)
             raise
 
-    def _raise_if_a_worker_died(self, error: BaseException) -> None:
+    def raise_if_a_worker_died(self, error: BaseException) -> None:
         """A failed collective usually means a worker died: wait briefly for its exit to show."""
         if self.workers is None:
             return
@@ -201,7 +201,7 @@ class TensorParallelExecutor(Executor):
         try:
             pending = self.worker.execute_async(scheduler_output)
         except BaseException as e:
-            self._raise_if_a_worker_died(e)
+            self.raise_if_a_worker_died(e)
             raise
         return CheckedOutput(self, pending)
 
@@ -230,5 +230,5 @@ class TensorParallelExecutor(Executor):
                 self.workers.stop(STOP_TIMEOUT)
             else:
                 self.workers.kill()
-        release_worker(self, wait=graceful)  # its CUDA graphs hold the NCCL communicator
+        release_worker(self)  # its CUDA graphs hold the NCCL communicator
         leave_group(abort=not graceful)

@@ -83,18 +83,17 @@ def leave_group(*, abort: bool = False) -> None:
     dist.destroy_process_group()
 
 
-def release_worker(owner, *, wait: bool) -> None:
+def release_worker(owner) -> None:
     """Free ``owner.worker`` (model, KV cache, CUDA graphs) and set it to None; call before ``leave_group``.
 
     NCCL neither destroys nor aborts a communicator while a CUDA graph that captured one of its
     collectives is alive, so leaving the group first would wait forever. Nothing but ``owner``
-    may hold the worker (hence the owner, not the worker, is passed). ``wait``: let the device
-    finish its work first (not after a failure, where a collective may wait on a dead peer).
+    may hold the worker (hence the owner, not the worker, is passed). No device sync: a graph
+    still running is freed by CUDA when it completes, and after a failure a sync could wait on a
+    collective whose peer is dead.
     """
     if owner.worker is None:
         return
-    if wait and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
     owner.worker.shutdown()
     owner.worker = None
     gc.collect()  # the runner and its graphs may sit in reference cycles

@@ -89,7 +89,7 @@ class RankLoop:
             logger.error("tensor-parallel rank %d: lost rank 0's store; exiting", self.placement.rank)
             return 1
         finally:
-            release_worker(self, wait=not failed)  # its CUDA graphs hold the NCCL communicator
+            release_worker(self)  # its CUDA graphs hold the NCCL communicator
             leave_group(abort=failed)
 
 
