@@ -63,7 +63,7 @@ class EngineSettings(BaseSettings):
     max_num_batched_tokens: int = Field(8192, ge=1, description="most tokens in one step (prefill chunk budget)")
     enable_prefix_caching: bool = Field(True, description="reuse KV blocks of shared prompt prefixes")
     enforce_eager: bool = Field(False, description="never capture CUDA graphs: every decode step runs eagerly")
-    async_scheduling: bool = Field(True, description="plan step N+1 while step N runs on the device (single rank, no speculative decoding); off = each step waits for the previous one's tokens")
+    async_scheduling: bool = Field(True, description="plan step N+1 while step N runs on the device (built-in scheduler, one rank or tensor parallelism, no speculative decoding); off = each step waits for the previous one's tokens")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs the model is split over")
 
     # server

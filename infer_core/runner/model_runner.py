@@ -236,7 +236,7 @@ class ModelRunner:
                 logits = None
                 if inputs.sample_rows:
                     logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
-        if logits is None:  # nothing to sample, or not the rank that samples
+        if logits is None:  # nothing to sample
             self.last_sampled, self.last_sample_rows = None, {}
             return ReadyOutput(RunnerOutput(inputs.request_ids, [[] for _ in inputs.request_ids],
                                             [None for _ in inputs.request_ids]))

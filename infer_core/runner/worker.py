@@ -47,5 +47,11 @@ class Worker:
         self.runner.return_logits = enabled
 
     def shutdown(self) -> None:
+        if self.runner.graphs is not None:
+            # A graph that captured a NCCL collective keeps its communicator from being destroyed:
+            # free the graphs first (CUDA releases one still running when it completes).
+            for entry in self.runner.graphs.graphs.values():
+                entry.graph.reset()
+            self.runner.graphs = None
         self.runner.kv_caches = []
         self.runner.model = None
