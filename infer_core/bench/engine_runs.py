@@ -53,8 +53,11 @@ def measure_throughput(llm, workload: OfflineWorkload) -> dict[str, Any]:
     from infer_core import SamplingParams
 
     warmup = SamplingParams(temperature=WORKLOAD_TEMPERATURE, max_tokens=WARMUP_MAX_TOKENS, ignore_eos=True)
-    llm.generate(workload.prompts, warmup, use_tqdm=False)
+    # Same lengths, other tokens: the timed run must find none of its prompts in the prefix cache.
+    vocab = llm.engine.config.model.vocab_size
+    llm.generate([[(t + 1) % vocab for t in p] for p in workload.prompts], warmup, use_tqdm=False)
     llm.generate([WARMUP_PROMPT], warmup, use_tqdm=False)
+    hits = llm.engine.stats().prefix_hit_tokens
     params = [SamplingParams(temperature=WORKLOAD_TEMPERATURE, ignore_eos=True, max_tokens=n)
               for n in workload.output_lens]
     _sync()
@@ -62,6 +65,8 @@ def measure_throughput(llm, workload: OfflineWorkload) -> dict[str, Any]:
     outputs = llm.generate(workload.prompts, params, use_tqdm=False)
     _sync()
     elapsed = time.perf_counter() - start
+    if llm.engine.stats().prefix_hit_tokens - hits > workload.num_prompt_tokens // 100:
+        raise RuntimeError("the timed run found its prompts in the prefix cache: the warm-up must not cache them")
     produced = [len(o.outputs[0].token_ids) for o in outputs]
     if produced != workload.output_lens:
         raise RuntimeError(f"the engine produced {sum(produced)} tokens, the workload asks for "
