@@ -225,10 +225,12 @@ class TensorParallelExecutor(Executor):
                 self.channel.send(Call(STOP))
             except RuntimeError:  # the store is gone (DistError): the workers exit on their own
                 graceful = False
-        if self.workers is not None:
-            if graceful:
-                self.workers.stop(STOP_TIMEOUT)
-            else:
-                self.workers.kill()
-        release_worker(self)  # its CUDA graphs hold the NCCL communicator
+        if self.workers is not None and not graceful:
+            self.workers.kill()
+        # Every rank frees its graphs (they hold the NCCL communicator) and leaves the group at the
+        # same time as the others: NCCL's teardown of a communicator waits for its peers, so rank 0
+        # waiting for the workers' exit first would hold them until STOP_TIMEOUT killed them.
+        release_worker(self)
         leave_group(abort=not graceful)
+        if self.workers is not None and graceful:
+            self.workers.stop(STOP_TIMEOUT)
