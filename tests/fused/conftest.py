@@ -54,3 +54,31 @@ def assert_close_to_reference():
             assert err <= ulps, f"{err:.2f} {expected.dtype} steps from the torch reference (allowed {ulps})"
 
     return check
+
+
+def rotated_within_bound(actual, expected, normed, rot_dim: int, steps: int) -> None:
+    """float32: within 1e-5. Half types: each channel within ``steps`` dtype steps of the magnitudes it came from.
+
+    The normalised value may land one step away from torch's (the sum of squares is added in another
+    order; the interpreter also truncates where the GPU rounds to nearest), and the rotation then
+    mixes two such values through roundings of cos, sin, both products and the sum: so a rotated
+    channel is bounded by steps of |y1| + |y2| (|cos|, |sin| <= 1), a channel past rot_dim by steps of |y|.
+    """
+    if expected.dtype == torch.float32:
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+        return
+    half = rot_dim // 2
+    y = normed.double().abs()
+    pair = y[..., :half] + y[..., half:rot_dim]
+    bound = steps * torch.finfo(expected.dtype).eps * torch.cat([pair, pair, y[..., rot_dim:]], dim=-1)
+    err = (actual.double() - expected.double()).abs()
+    assert bool((err <= bound).all()), f"{float((err - bound).max())} beyond the bound at {int((err > bound).sum())}"
+
+
+@pytest.fixture
+def assert_rotated_like_reference():
+    """q/k after norm + rotary against the torch layers (see ``rotated_within_bound``): 4 steps on the
+    GPU, 8 under the interpreter (it truncates where the GPU rounds)."""
+    steps = 8 if os.environ.get("TRITON_INTERPRET") == "1" else 4
+    return lambda actual, expected, normed, rot_dim: rotated_within_bound(actual, expected, normed, rot_dim, steps)
+

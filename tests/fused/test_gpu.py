@@ -162,26 +162,10 @@ def qk_reference(q_norm, k_norm, rotary, positions, q, k):
     return normed, rotary.forward_torch(positions, *normed)
 
 
-def assert_qk_like_reference(actual, expected, normed, rot_dim: int, steps: int = 4) -> None:
-    """Half types: a rotated channel within ``steps`` dtype steps of |y1| + |y2| (the normed pair it came
-    from: one normed value may round one step away, and the rotation mixes two); float32: within 1e-5."""
-    if expected.dtype == torch.float32:
-        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
-        return
-    half = rot_dim // 2
-    y = normed.double().abs()
-    pair = y[..., :half] + y[..., half:rot_dim]
-    bound = steps * torch.finfo(expected.dtype).eps * torch.cat([pair, pair, y[..., rot_dim:]], dim=-1)
-    err = (actual.double() - expected.double()).abs()
-    assert bool((err <= bound).all()), f"{float((err - bound).max())} beyond the bound at {int((err > bound).sum())}"
-    # most channels are bit-equal: only a sum of squares added in another order tells them apart
-    assert float((actual == expected).float().mean()) > 0.95
-
-
 @pytest.mark.parametrize("model", sorted(SHAPES))
 @pytest.mark.parametrize("num_tokens", TOKENS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_qk_norm_rope_matches_the_three_layers(model, num_tokens, dtype):
+def test_qk_norm_rope_matches_the_three_layers(model, num_tokens, dtype, assert_rotated_like_reference):
     torch.manual_seed(num_tokens)
     _, heads, kv_heads, head_dim, _ = SHAPES[model]
     q_norm, k_norm, rotary = make_qk_layers(head_dim, dtype)
@@ -193,12 +177,12 @@ def test_qk_norm_rope_matches_the_three_layers(model, num_tokens, dtype):
     out_q, out_k = qk_norm_rope_inplace(positions, q, k, q_norm.weight, k_norm.weight, 1e-6, rotary.cos_sin_cache,
                                         rotary.rot_dim)
     assert out_q.data_ptr() == qkv.data_ptr()  # rewritten where it lies
-    assert_qk_like_reference(out_q, ref_q, normed_q, rotary.rot_dim)
-    assert_qk_like_reference(out_k, ref_k, normed_k, rotary.rot_dim)
+    assert_rotated_like_reference(out_q, ref_q, normed_q, rotary.rot_dim)
+    assert_rotated_like_reference(out_k, ref_k, normed_k, rotary.rot_dim)
     assert torch.equal(qkv[:, (heads + kv_heads) * head_dim:], v_before)
 
 
-def test_qk_norm_rope_replays_in_a_cuda_graph():
+def test_qk_norm_rope_replays_in_a_cuda_graph(assert_rotated_like_reference):
     torch.manual_seed(3)
     dtype, num_tokens, heads, kv_heads, head_dim = torch.bfloat16, 8, 32, 8, 128
     q_norm, k_norm, rotary = make_qk_layers(head_dim, dtype)
@@ -227,8 +211,8 @@ def test_qk_norm_rope_replays_in_a_cuda_graph():
     (normed_q, normed_k), (ref_q, ref_k) = qk_reference(q_norm, k_norm, rotary, new_pos,
                                                         *qkv_views(new_qkv, heads, kv_heads, head_dim))
     q, k = qkv_views(qkv, heads, kv_heads, head_dim)
-    assert_qk_like_reference(q, ref_q, normed_q, rotary.rot_dim)
-    assert_qk_like_reference(k, ref_k, normed_k, rotary.rot_dim)
+    assert_rotated_like_reference(q, ref_q, normed_q, rotary.rot_dim)
+    assert_rotated_like_reference(k, ref_k, normed_k, rotary.rot_dim)
 
 
 def _qwen3_greedy(folder, attention: str, prompts, **settings):
