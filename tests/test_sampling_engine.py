@@ -17,8 +17,10 @@ def _prompt(length: int, start: int = 3) -> list[int]:
 
 
 def _llm(path: str, **settings) -> LLM:
-    """An engine on the tiny checkpoint with a small KV pool."""
-    return LLM(path, **{"num_kv_blocks": 256, **settings})
+    """An engine on the tiny checkpoint with a small KV pool, on the CPU wherever the suite runs: the
+    preemption arithmetic assumes the CPU's 16-token blocks and the HF comparisons float32 (on CUDA
+    the default backend's blocks hold 256 tokens); the GPU sampler is tested in tests/sampling."""
+    return LLM(path, **{"num_kv_blocks": 256, "device": "cpu", **settings})
 
 
 def _completions(llm: LLM, prompts, params) -> list[list[int]]:
