@@ -161,8 +161,14 @@ class FCFSScheduler(Scheduler):
                 num_new, drafts = self._num_new_tokens(request, budget)
                 if num_new == 0:
                     continue
-            max_slots = min(request.num_prompt_tokens + request.max_tokens, max_model_len) - 1 + lookahead
-            target = min(num_computed + num_new + lookahead, max_slots)
+            # min() written out: this loop runs once per running request every step.
+            max_slots = request.num_prompt_tokens + request.max_tokens
+            if max_slots > max_model_len:
+                max_slots = max_model_len
+            max_slots += lookahead - 1
+            target = num_computed + num_new + lookahead
+            if target > max_slots:
+                target = max_slots
             if target <= request.num_kv_slots:
                 new_blocks = []  # room in its last block: nothing to ask the allocator
             else:
@@ -191,9 +197,13 @@ class FCFSScheduler(Scheduler):
             request.num_synced_tokens = num_tokens
             # Earlier calls offered the allocator at least the first min(num_computed, num_synced) tokens;
             # it is asked again only when a block became full since, else it would have nothing to do.
-            computed_after = min(num_computed + num_new, num_tokens)
-            if caches_prefixes and computed_after // block_size > min(num_computed, num_synced) // block_size:
-                allocator.cache_blocks(request_id, all_token_ids, computed_after)
+            if caches_prefixes:
+                computed_after = num_computed + num_new
+                if computed_after > num_tokens:
+                    computed_after = num_tokens
+                offered = num_computed if num_computed < num_synced else num_synced
+                if computed_after // block_size > offered // block_size:
+                    allocator.cache_blocks(request_id, all_token_ids, computed_after)
             budget -= num_new
 
         while self.waiting and budget > 0 and not preempted and len(self.running) < self.config.max_num_seqs:

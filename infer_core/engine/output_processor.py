@@ -210,7 +210,16 @@ class OutputProcessor:
                     for seq in sequences.values():
                         seq.output.delta_text, seq.output.delta_token_ids = "", []
             seq = sequences[child_id]
-            if self._apply(seq, update):
+            pending_steps = seq.pending_steps
+            if pending_steps is not None and not update.finished and seq.output.logprobs is None:
+                # final-only and still running (most of LLM.generate's updates): what _apply does
+                # there, without its checks that cannot apply
+                out, new_token_ids = seq.output, update.new_token_ids
+                out.token_ids.extend(new_token_ids)
+                out.delta_token_ids = list(new_token_ids)
+                pending_steps.append(new_token_ids)
+                out.delta_text = ""
+            elif self._apply(seq, update):
                 stopped.append(child_id)
             if seq.output.finish_reason is not None:
                 parent.finished_children.add(child_id)

@@ -97,7 +97,10 @@ class StepBuffers:
 
 def _batch_order(scheduled: dict[str, int]) -> list[str]:
     """Decode-only requests (one query token) first; stable, so schedule order is kept otherwise."""
-    return sorted(scheduled, key=lambda rid: scheduled[rid] != 1)
+    decodes = [rid for rid, n in scheduled.items() if n == 1]
+    if len(decodes) == len(scheduled):
+        return decodes
+    return decodes + [rid for rid, n in scheduled.items() if n != 1]
 
 
 def build_step_inputs(
@@ -205,12 +208,16 @@ def _place_pending(request_ids: list[str], pending_reqs: np.ndarray, num_pending
                    pending_offset: np.ndarray, query_lens: np.ndarray, query_start_loc: np.ndarray,
                    previous_sample_rows: dict[str, int] | None, h: dict[str, np.ndarray]) -> None:
     """Where each pending token goes in the flat batch, and which previous sample it is."""
-    previous_sample_rows = previous_sample_rows or {}
-    for i in pending_reqs:
-        rid = request_ids[i]
-        if num_pending[i] != 1 or rid not in previous_sample_rows or not 0 <= pending_offset[i] < query_lens[i]:
-            raise RuntimeError(f"request {rid}: {num_pending[i]} pending token(s) at offset {pending_offset[i]} that "
-                               "the previous step did not sample; scheduler and runner disagree")
+    get = (previous_sample_rows or {}).get
+    # -1: not sampled by the previous step (checked below with the rest, over whole arrays)
+    src = np.fromiter((get(request_ids[i], -1) for i in pending_reqs.tolist()), dtype=np.int64,
+                      count=len(pending_reqs))
+    offset = pending_offset[pending_reqs]
+    bad = (num_pending[pending_reqs] != 1) | (src < 0) | (offset < 0) | (offset >= query_lens[pending_reqs])
+    if bad.any():
+        i = int(pending_reqs[np.argmax(bad)])
+        raise RuntimeError(f"request {request_ids[i]}: {num_pending[i]} pending token(s) at offset {pending_offset[i]} "
+                           "that the previous step did not sample; scheduler and runner disagree")
     n = len(pending_reqs)
-    h["pending_dst"][:n] = query_start_loc[pending_reqs] + pending_offset[pending_reqs]
-    h["pending_src"][:n] = [previous_sample_rows[request_ids[i]] for i in pending_reqs]
+    h["pending_dst"][:n] = query_start_loc[pending_reqs] + offset
+    h["pending_src"][:n] = src

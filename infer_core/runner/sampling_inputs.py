@@ -81,42 +81,54 @@ def build_sampling_batch(
     previous step has not reported back yet (overlapped scheduling).
     """
     params = [s.sampling_params for s in states]
-    greedy = [p.is_greedy for p in params]
+    # Requests usually share a few SamplingParams objects (LLM.generate: one for all), so each
+    # feature is read once per distinct object and spread over the rows by ``index``.
+    by_id = {id(p): p for p in params}
+    distinct = list(by_id.values())
+    if len(distinct) == len(params):
+        index = slice(None)  # every row its own object, in row order
+    elif len(distinct) == 1:
+        index = np.zeros(len(params), dtype=np.intp)
+    else:
+        position = {key: i for i, key in enumerate(by_id)}
+        index = np.fromiter((position[id(p)] for p in params), dtype=np.intp, count=len(params))
+    greedy = [p.is_greedy for p in distinct]
     all_greedy = all(greedy)
-    if all_greedy and not any(p.has_penalties or p.logprobs is not None or p.min_tokens for p in params):
+    if all_greedy and not any(p.has_penalties or p.logprobs is not None or p.min_tokens for p in distinct):
         return SamplingBatch(temperature=None, all_greedy=True, generator=generator)  # argmax needs nothing
-    floats = np.array([[0.0 if g else float(p.temperature) for p, g in zip(params, greedy)],
-                       [p.top_p for p in params], [p.min_p for p in params],
-                       [p.presence_penalty for p in params], [p.frequency_penalty for p in params],
-                       [p.repetition_penalty for p in params]], dtype=np.float32)
-    seeded = not all_greedy and any(p.seed is not None for p in params)
-    int_columns = [[p.top_k for p in params]]
+    floats = np.array([[0.0 if g else float(p.temperature) for p, g in zip(distinct, greedy)],
+                       [p.top_p for p in distinct], [p.min_p for p in distinct],
+                       [p.presence_penalty for p in distinct], [p.frequency_penalty for p in distinct],
+                       [p.repetition_penalty for p in distinct]], dtype=np.float32)[:, index]
+    seeded = not all_greedy and any(p.seed is not None for p in distinct)
+    int_columns = [np.array([p.top_k for p in distinct], dtype=np.int64)[index]]
     if seeded:
-        int_columns += [[0 if p.seed is None else seed_key(p.seed) for p in params], _output_positions(states),
-                        [p.seed is not None for p in params]]
-    ints = np.array(int_columns, dtype=np.int64)
+        seeds = np.array([[0 if p.seed is None else seed_key(p.seed) for p in distinct],
+                          [p.seed is not None for p in distinct]], dtype=np.int64)[:, index]
+        int_columns += [seeds[0], np.array(_output_positions(states), dtype=np.int64), seeds[1]]
+    ints = np.stack(int_columns)
     floats_d = to_device(floats, device)
     batch = SamplingBatch(temperature=floats_d[0], all_greedy=all_greedy, generator=generator)
     if not all_greedy:
-        use_top_k, use_top_p = any(p.top_k > 0 for p in params), any(p.top_p < 1 for p in params)
+        use_top_k, use_top_p = any(p.top_k > 0 for p in distinct), any(p.top_p < 1 for p in distinct)
         if use_top_k or seeded:
             ints_d = to_device(ints, device)
         if use_top_k:
             batch.top_k = ints_d[0]
         if use_top_p:
             batch.top_p = floats_d[1]
-        if use_top_k and all(p.top_k > 0 for p in params if p.top_p < 1):
-            batch.max_top_k = max(p.top_k for p in params)
-        if any(p.min_p > 0 for p in params):
+        if use_top_k and all(p.top_k > 0 for p in distinct if p.top_p < 1):
+            batch.max_top_k = max(p.top_k for p in distinct)
+        if any(p.min_p > 0 for p in distinct):
             batch.min_p = floats_d[2]
         if seeded:
             batch.seeds, batch.positions, batch.is_seeded = ints_d[1], ints_d[2], ints_d[3].bool()
-    if any(p.has_penalties for p in params):
+    if any(p.has_penalties for p in distinct):
         _penalty_tensors(batch, states, vocab_size, device, token_table, pending)
         batch.presence_penalty, batch.frequency_penalty, batch.repetition_penalty = floats_d[3:6].unbind(0)
     banned_rows: list[int] = []
     banned_ids: list[int] = []
-    for row, (state, p) in enumerate(zip(states, params)):
+    for row, (state, p) in enumerate(zip(states, params) if any(p.min_tokens for p in distinct) else ()):
         if state.num_output_tokens < p.min_tokens:
             stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_token_ids))
             stops = [t for t in stops if t < vocab_size]
@@ -125,6 +137,6 @@ def build_sampling_batch(
     if banned_rows:
         banned = to_device(np.array([banned_rows, banned_ids], dtype=np.int64), device)
         batch.banned = (banned[0], banned[1])
-    wanted = [p.logprobs for p in params if p.logprobs is not None]
+    wanted = [p.logprobs for p in distinct if p.logprobs is not None]
     batch.max_num_logprobs = max(wanted) if wanted else None
     return batch
