@@ -16,7 +16,7 @@ it is installed, so text is decoded as for a real model (the row says which toke
 Each figure is the mean over ``--steps`` steps; the run is repeated ``--repeats`` times and the
 smallest mean is kept (the machine may be shared: the minimum is the least disturbed run).
 
-    python -m benchmarks.host_overhead [--out DIR] [--repeats 5] [--steps 64]
+    python -m benchmarks.host_overhead [--out DIR] [--repeats 5] [--steps 64] [--temperature 0.6]
     PYTHONPATH=/tmp/host-before python -m benchmarks.host_overhead --label before --no-write
 """
 
@@ -126,11 +126,12 @@ def _add(engine, mode: str, prompt: list[int], params) -> str:
     return request_id
 
 
-def _one_run(engine, clocks: dict[str, _Clock], mode: str, num_running: int, steps: int, seed: int) -> dict:
+def _one_run(engine, clocks: dict[str, _Clock], mode: str, num_running: int, steps: int, seed: int,
+             temperature: float) -> dict:
     from infer_core import SamplingParams
 
     rng = random.Random(seed)
-    params = SamplingParams(temperature=0, max_tokens=WARMUP_STEPS + steps + 8, ignore_eos=True)
+    params = SamplingParams(temperature=temperature, max_tokens=WARMUP_STEPS + steps + 8, ignore_eos=True)
     ids = [_add(engine, mode, [rng.randrange(3, 2048) for _ in range(PROMPT_LEN)], params)
            for _ in range(num_running)]
     while engine.scheduler.stats().num_waiting or any(
@@ -158,7 +159,7 @@ def _one_run(engine, clocks: dict[str, _Clock], mode: str, num_running: int, ste
     return per_step
 
 
-def measure(label: str, repeats: int, steps: int) -> tuple[list[dict], dict]:
+def measure(label: str, repeats: int, steps: int, temperature: float = 0.0) -> tuple[list[dict], dict]:
     import torch
 
     from infer_core import LLM
@@ -172,7 +173,8 @@ def measure(label: str, repeats: int, steps: int) -> tuple[list[dict], dict]:
         clocks = _clocks(engine)
         settings = {"model": "tiny qwen3: 1 layer, hidden 32, vocab 2048", "tokenizer": tokenizer,
                     "prompt_len": PROMPT_LEN, "warmup_decode_steps": WARMUP_STEPS, "measured_steps": steps,
-                    "repeats": repeats, "block_size": engine.config.block_size, "enable_prefix_caching": True,
+                    "repeats": repeats, "temperature": temperature,
+                    "block_size": engine.config.block_size, "enable_prefix_caching": True,
                     "figure": "µs per decode step, min over repeats of the mean over measured steps; "
                               "host_us = step_us - execute_async_us + prepare_us (prepare: build_step_inputs + "
                               "build_sampling_batch, run inside execute_async)",
@@ -180,7 +182,7 @@ def measure(label: str, repeats: int, steps: int) -> tuple[list[dict], dict]:
         rows, tree = [], commit()
         for mode in ("stream", "offline"):
             for num_running in NUM_RUNNING:
-                runs = [_one_run(engine, clocks, mode, num_running, steps, seed=r) for r in range(repeats)]
+                runs = [_one_run(engine, clocks, mode, num_running, steps, r, temperature) for r in range(repeats)]
                 row = {"system": "infer", "label": label, "commit": tree, "mode": mode, "num_running": num_running}
                 for key in ("host", *PARTS, "step"):
                     row[f"{key}_us"] = round(min(run[key] for run in runs), 1)
@@ -196,13 +198,15 @@ def main() -> None:
     parser.add_argument("--label", default="after", help="names the tree measured (before/after a change)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sampling temperature of every request (0: greedy; offline-throughput uses 0.6)")
     parser.add_argument("--merge", type=Path, help="a JSON of rows (from --rows-out) to put before this run's rows")
     parser.add_argument("--rows-out", type=Path, help="also write this run's rows alone to this file")
     parser.add_argument("--no-write", action="store_true", help="print rows only; write no result file")
     parser.add_argument("--out", type=Path, default=None,
                         help="folder for the result JSON (default: benchmarks/results)")
     args = parser.parse_args()
-    rows, settings = measure(args.label, args.repeats, args.steps)
+    rows, settings = measure(args.label, args.repeats, args.steps, args.temperature)
     if args.rows_out:
         args.rows_out.write_text(json.dumps(rows, indent=2) + "\n")
     if args.merge:
