@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import write_result
+from infer_core.bench.engine_runs import time_one_request
 from infer_core.bench.workload import NUM_WORKLOAD_PROMPTS, offline_workload
 from infer_core.testing import REAL_CONFIGS
 
@@ -105,16 +106,7 @@ def measure_decode(llm, vocab: int, prompt_len: int, new_tokens: int, repeats: i
     prefill_s, decode_s = [], []
     for run in range(repeats + 1):  # run 0 warms up
         engine.add_request(f"decode-{run}", [rng.randrange(vocab) for _ in range(prompt_len)], params)
-        start = time.perf_counter()
-        first = None  # when the first token reached the host (overlapped: one step() after the prefill's)
-        num_tokens = 0
-        while engine.has_unfinished_requests():
-            for output in engine.step():
-                num_tokens += len(output.outputs[0].delta_token_ids)
-                if first is None and num_tokens:
-                    first = time.perf_counter()
-        end = time.perf_counter()
-        assert num_tokens == new_tokens, f"expected {new_tokens} tokens, got {num_tokens}"
+        start, first, end = time_one_request(engine, new_tokens)
         if run:
             prefill_s.append(first - start)
             decode_s.append((end - first) / (new_tokens - 1))

@@ -102,6 +102,26 @@ def profile_throughput(llm, workload: OfflineWorkload, skip_steps: int, num_step
             engine.abort(request_id)
 
 
+def time_one_request(engine, new_tokens: int) -> tuple[float, float, float]:
+    """Step ``engine`` until its one request ends: (start, first token on the host, end), perf_counter
+    seconds. With overlapped steps the prefill's token comes back one ``step()`` later, so the first
+    token is taken from the outputs, not from the first step."""
+    _sync()
+    start = time.perf_counter()
+    first = None
+    num_tokens = 0
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            num_tokens += len(output.outputs[0].delta_token_ids)
+            if first is None and num_tokens:
+                first = time.perf_counter()
+    _sync()
+    end = time.perf_counter()
+    if num_tokens != new_tokens:
+        raise RuntimeError(f"expected {new_tokens} tokens at batch 1, got {num_tokens}")
+    return start, first, end
+
+
 def measure_latency(llm, prompt_len: int, new_tokens: int, repeats: int, warmups: int = 1) -> dict[str, Any]:
     """Batch 1 through the step loop: time to first token, then decode ms per token, mean and p50."""
     from infer_core import SamplingParams
@@ -112,19 +132,7 @@ def measure_latency(llm, prompt_len: int, new_tokens: int, repeats: int, warmups
     e2e, ttft = [], []
     for run in range(warmups + repeats):
         engine.add_request(f"latency-{run}", prompt, params)
-        _sync()
-        start = time.perf_counter()
-        first = None  # when the first token reached the host (with overlap: the step after the prefill's)
-        num_tokens = 0
-        while engine.has_unfinished_requests():
-            for output in engine.step():
-                num_tokens += len(output.outputs[0].delta_token_ids)
-                if first is None and num_tokens:
-                    first = time.perf_counter()
-        _sync()
-        end = time.perf_counter()
-        if num_tokens != new_tokens:
-            raise RuntimeError(f"expected {new_tokens} tokens at batch 1, got {num_tokens}")
+        start, first, end = time_one_request(engine, new_tokens)
         if run >= warmups:
             e2e.append(end - start)
             ttft.append(first - start)
