@@ -96,6 +96,22 @@ def make_tiny_checkpoint(kind: str, folder: str | Path, seed: int = 0, **overrid
     return folder
 
 
+class _RecordedOutput(PendingOutput):
+    """A step's pending output that hands its logits to a LogitsRecorder when first read."""
+
+    def __init__(self, pending: PendingOutput, logits: dict[str, list]) -> None:
+        self.pending, self.logits, self.seen = pending, logits, False
+
+    def result(self):
+        output = self.pending.result()
+        if not self.seen:
+            self.seen = True
+            for request_id, rows in zip(output.request_ids, output.logits or []):
+                if rows is not None:
+                    self.logits.setdefault(request_id, []).extend(rows)
+        return output
+
+
 class LogitsRecorder:
     """Collects, per request id, the logits of every sampled position while an engine runs.
 
@@ -111,23 +127,8 @@ class LogitsRecorder:
     def __enter__(self) -> LogitsRecorder:
         executor = self.engine.executor
         executor.collective_rpc("set_return_logits", True)
-        self._execute = executor.execute_async
-        recorder = self
-
-        class Recorded(PendingOutput):
-            def __init__(self, pending: PendingOutput) -> None:
-                self.pending, self.seen = pending, False
-
-            def result(self):
-                output = self.pending.result()
-                if not self.seen:
-                    self.seen = True
-                    for request_id, rows in zip(output.request_ids, output.logits or []):
-                        if rows is not None:
-                            recorder.logits.setdefault(request_id, []).extend(rows)
-                return output
-
-        executor.execute_async = lambda scheduler_output: Recorded(self._execute(scheduler_output))
+        self._execute = launch = executor.execute_async
+        executor.execute_async = lambda scheduler_output: _RecordedOutput(launch(scheduler_output), self.logits)
         return self
 
     def __exit__(self, *exc) -> None:
