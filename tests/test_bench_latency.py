@@ -140,3 +140,18 @@ def test_gpu_busy_is_the_union_of_device_activity_inside_the_window():
         {"name": "rmsnorm", "calls_per_step": 0.5, "us_per_step": 5.0},
         {"name": "DtoH", "calls_per_step": 0.5, "us_per_step": 2.5},
     ]
+
+
+def test_summarize_trace_splits_idle_into_kernel_gaps_and_host_waits():
+    from infer_core.bench.step_profile import summarize_trace
+
+    events = [
+        {"cat": "user_annotation", "name": "infer.bench.window", "ts": 0.0, "dur": 200.0},
+        {"cat": "kernel", "name": "a", "ts": 2.0, "dur": 20.0},  # 2 us after the window opens: short
+        {"cat": "kernel", "name": "b", "ts": 25.0, "dur": 20.0},  # 3 us after a: short
+        {"cat": "kernel", "name": "c", "ts": 145.0, "dur": 50.0},  # 100 us after b: the host was late
+    ]  # and 5 us idle before the window closes: short
+    breakdown = summarize_trace(events, num_steps=1)
+    assert breakdown["gpu_idle_ms_per_step"] == pytest.approx(0.110)
+    assert breakdown["gpu_idle_short_gaps_ms_per_step"] == pytest.approx(0.010)
+    assert breakdown["gpu_idle_long_gaps_ms_per_step"] == pytest.approx(0.100)

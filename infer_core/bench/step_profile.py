@@ -21,6 +21,9 @@ STEP_RANGES = ("infer.schedule", "infer.prepare_inputs", "infer.forward", "infer
 WINDOW_RANGE = "infer.bench.window"
 _DEVICE_ACTIVITIES = {"kernel", "gpu_memcpy", "gpu_memset"}
 NUM_TOP_KERNELS = 15
+# Idle gaps shorter than this sit between kernels queued back to back (a graph's kernel-to-kernel launch
+# latency); longer ones are the GPU waiting for the host to launch more work.
+SHORT_GAP_US = 10.0
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:
@@ -33,6 +36,18 @@ def _union(intervals: list[tuple[float, float]]) -> float:
             total += stop - end
             end = stop
     return total
+
+
+def _idle_gaps(intervals: list[tuple[float, float]], start: float, end: float) -> list[float]:
+    """Lengths of the idle stretches between the busy intervals inside ``[start, end]``."""
+    gaps, cursor = [], start
+    for lo, hi in sorted(intervals):
+        if lo > cursor:
+            gaps.append(lo - cursor)
+        cursor = max(cursor, hi)
+    if end > cursor:
+        gaps.append(end - cursor)
+    return gaps
 
 
 def summarize_trace(events: list[dict[str, Any]], num_steps: int) -> dict[str, Any]:
@@ -74,6 +89,8 @@ def summarize_trace(events: list[dict[str, Any]], num_steps: int) -> dict[str, A
         "gpu_busy_ms_per_step": None,
         "gpu_idle_ms_per_step": None,
         "gpu_busy_fraction": None,
+        "gpu_idle_short_gaps_ms_per_step": None,
+        "gpu_idle_long_gaps_ms_per_step": None,
         "top_kernels": [
             {"name": name, "calls_per_step": round(calls / max(1, num_steps), 2),
              "us_per_step": round(us / max(1, num_steps), 2)}
@@ -82,7 +99,11 @@ def summarize_trace(events: list[dict[str, Any]], num_steps: int) -> dict[str, A
     }
     if device or torch.cuda.is_available():
         busy = _union(device)
+        gaps = _idle_gaps(device, start, end)
+        short = sum(g for g in gaps if g < SHORT_GAP_US)
         breakdown.update(
+            gpu_idle_short_gaps_ms_per_step=round(short / per_step, 4),
+            gpu_idle_long_gaps_ms_per_step=round((sum(gaps) - short) / per_step, 4),
             gpu_busy_ms_per_step=round(busy / per_step, 4),
             gpu_idle_ms_per_step=round((wall - busy) / per_step, 4),
             gpu_busy_fraction=round(busy / wall, 4) if wall else None,
@@ -130,6 +151,11 @@ def format_breakdown(label: str, breakdown: dict[str, Any]) -> str:
         lines.append(f"  {'GPU busy':<24}{breakdown['gpu_busy_ms_per_step']:>10.3f} ms")
         lines.append(f"  {'GPU idle':<24}{breakdown['gpu_idle_ms_per_step']:>10.3f} ms"
                      f"  ({100 * (1 - breakdown['gpu_busy_fraction']):.1f}% of the window)")
+        if breakdown.get("gpu_idle_short_gaps_ms_per_step") is not None:
+            lines.append(f"    {'gaps < ' + format(SHORT_GAP_US, 'g') + ' us':<22}"
+                         f"{breakdown['gpu_idle_short_gaps_ms_per_step']:>10.3f} ms  (kernel to kernel)")
+            lines.append(f"    {'longer gaps':<22}{breakdown['gpu_idle_long_gaps_ms_per_step']:>10.3f} ms"
+                         f"  (waiting for the host)")
     if breakdown.get("top_kernels"):
         lines.append("  GPU time by kernel (per step):")
         for kernel in breakdown["top_kernels"]:

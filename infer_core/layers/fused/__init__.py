@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import os
 
 import torch
 
@@ -29,6 +30,10 @@ QK_NORM_ROPE = FusedImpl.TRITON
 # The dense linear layers' and the LM head's matmul at decode sizes (builtin/quant_none.py's GEMV_MAX_ROWS):
 # TORCH is F.linear (cuBLAS); TRITON is fused/gemv.py, 1.11-1.16x cuBLAS at 1-2 rows on an H100 (benchmarks/gemv.py).
 GEMV = FusedImpl.TRITON
+
+# Programmatic dependent launch (Hopper and newer): our decode-path kernels let the next kernel's programs
+# start while they drain, and wait (griddepcontrol.wait) before touching memory. INFER_PDL=0 turns it off.
+PDL = os.environ.get("INFER_PDL", "1") != "0"
 
 OPS = ("rms_norm", "rotary", "silu_and_mul", "qk_norm_rope", "gemv")
 
@@ -50,3 +55,16 @@ def available() -> dict[str, bool]:
 
 def use_triton(impl: FusedImpl, x: torch.Tensor) -> bool:
     return impl is FusedImpl.TRITON and x.is_cuda and triton_available()
+
+
+@functools.cache
+def _capability_major(device_index: int) -> int:
+    return torch.cuda.get_device_capability(device_index)[0]
+
+
+def use_pdl(x: torch.Tensor) -> bool:
+    """Whether a kernel on ``x``'s device is launched with programmatic dependent launch (see ``fused/pdl.py``)."""
+    if not (PDL and x.is_cuda) or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    return _capability_major(index) >= 9

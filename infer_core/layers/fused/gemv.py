@@ -26,6 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
+from infer_core.layers.fused import use_pdl
+from infer_core.layers.fused.pdl import pdl_enter
+
 MAX_ROWS = 8  # decode batches; more rows than this is a GEMM, F.linear's job
 PROGRAMS_PER_SM = 2  # at least two programs an SM: one loads while the other sums
 TILE_BYTES = 16 << 10  # W bytes one program loads per K step: 64 bf16 values a thread at 4 warps
@@ -58,7 +61,9 @@ def _gemv_kernel(
     EVEN_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)  # before any load or store: see fused/pdl.py
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     # the last program's columns past N re-read row N-1 (in bounds, no mask on W) and are not stored
     w_rows = tl.minimum(cols, N - 1).to(tl.int64) * stride_wn
@@ -146,10 +151,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if k == 0:
         return out.zero_() if bias is None else out.copy_(bias.expand_as(out))
     cfg = config or choose_config(n, k, x.element_size(), num_sms(x.device))
+    pdl = use_pdl(x)
     _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
         rows, weight, bias if bias is not None else weight, out, num_rows, n, k, rows.stride(0), weight.stride(0), n,
         BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None,
         NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        USE_PDL=pdl, launch_pdl=pdl,
     )
     return out

@@ -18,6 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
+from infer_core.layers.fused import use_pdl
+from infer_core.layers.fused.pdl import pdl_enter
+
 HEAD_ELEMENTS = 2048  # heads of one token are packed into one program up to about this many elements
 
 
@@ -91,7 +94,9 @@ def _qk_norm_rope_kernel(
     BLOCK_HALF: tl.constexpr,
     BLOCK_REST: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)  # before any load or store: see fused/pdl.py
     token = tl.program_id(0).to(tl.int64)
     head_block = tl.program_id(1)
     num_q_blocks = tl.cdiv(num_q_heads, BLOCK_H)
@@ -149,10 +154,12 @@ def qk_norm_rope_inplace(positions: torch.Tensor, q: torch.Tensor, k: torch.Tens
         block_h = min(triton.next_power_of_2(max(num_q_heads, num_k_heads)), max(1, HEAD_ELEMENTS // per_head))
     num_blocks = triton.cdiv(num_q_heads, block_h) + triton.cdiv(num_k_heads, block_h)
     num_warps = max(1, min(8, block_h * block_half // 256))
+    pdl = use_pdl(q)
     _qk_norm_rope_kernel[(num_tokens, num_blocks)](
         q, k, q_weight.contiguous(), k_weight.contiguous(), cos_sin_cache, positions, num_q_heads, num_k_heads,
         *q.stride(), *k.stride(), cos_sin_cache.stride(0), eps, HEAD_DIM=head_dim, HALF=half, REST=rest,
         BLOCK_HALF=block_half, BLOCK_REST=block_rest, BLOCK_H=block_h, num_warps=num_warps,
         enable_fp_fusion=False,  # else y1*cos - y2*sin becomes one fma, skipping the roundings torch does
+        USE_PDL=pdl, launch_pdl=pdl,
     )
     return q, k

@@ -13,6 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
+from infer_core.layers.fused import use_pdl
+from infer_core.layers.fused.pdl import pdl_enter
+
 MAX_SINGLE_PASS = 16384  # rows longer than this are normalised in two passes over column chunks
 ROW_ELEMENTS = 2048  # rows of a short N are packed into one program up to about this many elements
 
@@ -48,7 +51,9 @@ def _rms_norm_kernel(
     SINGLE_PASS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)  # before any load or store: see fused/pdl.py
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < num_rows
     outer, inner = rows // inner_rows, rows % inner_rows
@@ -130,9 +135,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
         sro, sri, src, residual, res_out = sxo, sxi, sxc, x, out  # unused by the kernel
     if num_rows > 0 and n_cols > 0:
         block_m, block_n, single, num_warps = _tiles(n_cols, max_single_pass)
+        pdl = use_pdl(x)
         _rms_norm_kernel[(triton.cdiv(num_rows, block_m),)](
             x, residual, weight.contiguous(), out, res_out, num_rows, inner_rows, n_cols, sxo, sxi, sxc, sro, sri,
             src, eps, HAS_RESIDUAL=has_residual, SINGLE_PASS=single, BLOCK_M=block_m, BLOCK_N=block_n,
             num_warps=num_warps,
+            USE_PDL=pdl, launch_pdl=pdl,
         )
     return (out, res_out) if has_residual else out

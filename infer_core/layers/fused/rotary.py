@@ -18,6 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
+from infer_core.layers.fused import use_pdl
+from infer_core.layers.fused.pdl import pdl_enter
+
 
 @triton.jit
 def _rotate_heads(x_ptr, first_head, num_heads, stride_h, stride_d, cos, sin, d, d_ok,
@@ -55,7 +58,9 @@ def _rotary_kernel(
     HALF: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)  # before any load or store: see fused/pdl.py
     token = tl.program_id(0).to(tl.int64)
     head_block = tl.program_id(1)
     num_q_blocks = tl.cdiv(num_q_heads, BLOCK_H)
@@ -97,9 +102,11 @@ def rotary_inplace(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, co
     num_blocks = triton.cdiv(num_q_heads, block_h) + triton.cdiv(num_k_heads, block_h)
     block_d = triton.next_power_of_2(half)
     num_warps = max(1, min(8, block_h * block_d // 256))
+    pdl = use_pdl(q)
     _rotary_kernel[(num_tokens, num_blocks)](
         q, k, cos_sin_cache, positions, num_q_heads, num_k_heads, *q.stride(), *k.stride(), cos_sin_cache.stride(0),
         HALF=half, BLOCK_D=block_d, BLOCK_H=block_h, num_warps=num_warps,
         enable_fp_fusion=False,  # else x1*cos - x2*sin becomes one fma, skipping the roundings torch does
+        USE_PDL=pdl, launch_pdl=pdl,
     )
     return q, k

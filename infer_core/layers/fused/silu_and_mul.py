@@ -10,11 +10,16 @@ import torch
 import triton
 import triton.language as tl
 
+from infer_core.layers.fused import use_pdl
+from infer_core.layers.fused.pdl import pdl_enter
+
 BLOCK = 1024
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, n_inter, stride_x_t, stride_x_c, stride_out_t, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, n_inter, stride_x_t, stride_x_c, stride_out_t, BLOCK: tl.constexpr,
+                         USE_PDL: tl.constexpr):
+    pdl_enter(USE_PDL)  # before any load or store: see fused/pdl.py
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_inter
@@ -37,7 +42,9 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if rows.shape[0] == 0 or n_inter == 0:
         return out
     block = min(BLOCK, triton.next_power_of_2(n_inter))
+    pdl = use_pdl(x)
     _silu_and_mul_kernel[(rows.shape[0], triton.cdiv(n_inter, block))](
         rows, out, n_inter, rows.stride(0), rows.stride(1), n_inter, BLOCK=block, num_warps=4,
+        USE_PDL=pdl, launch_pdl=pdl,
     )
     return out

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from infer_core.layers.fused import use_pdl
+from infer_core.layers.fused.pdl import pdl_enter
 
 from infer_attention_triton.tiles import DecodeTiles, dot_precision, is_interpreted
 
@@ -55,7 +57,9 @@ def _decode_kernel(
     USE_WINDOW: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)  # before any load or store: see fused/pdl.py
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -142,8 +146,10 @@ def _merge_splits_kernel(
     stride_out_h,
     HEAD_DIM: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """One program per (request, query head): weights each split by exp2(lse - max lse)."""
+    pdl_enter(USE_PDL)  # before any load or store: see fused/pdl.py
     req = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     splits = tl.arange(0, BLOCK_S)
@@ -218,6 +224,7 @@ def decode_attention(
         part_out, part_lse = out, out  # unused by the kernel when not split
     po_strides = part_out.stride()[:3] if is_split else (0, 0, 0)
     pl_strides = part_lse.stride()[:2] if is_split else (0, 0)
+    pdl = use_pdl(q)
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         q,
         kv_cache,
@@ -251,6 +258,7 @@ def decode_attention(
         UPCAST=is_interpreted(),
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
+        USE_PDL=pdl, launch_pdl=pdl,
     )
     if is_split:
         _merge_splits_kernel[(num_seqs, num_heads)](
@@ -265,4 +273,5 @@ def decode_attention(
             HEAD_DIM=head_dim,
             BLOCK_S=triton.next_power_of_2(num_splits),
             num_warps=4 if head_dim >= 128 else 2,
+            USE_PDL=pdl, launch_pdl=pdl,
         )

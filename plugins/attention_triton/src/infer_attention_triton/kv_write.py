@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from infer_core.layers.fused import use_pdl
+from infer_core.layers.fused.pdl import pdl_enter
 
 
 @triton.jit
@@ -27,8 +29,10 @@ def _write_kv_kernel(
     head_dim,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """One program per token: copies its [num_kv_heads, head_dim] K and V rows to their slot."""
+    pdl_enter(USE_PDL)  # before any load or store: see fused/pdl.py
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
     if slot < 0:  # a token whose KV is not kept (padding)
@@ -67,6 +71,7 @@ def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slo
         raise ValueError("write_kv needs a kv_cache whose blocks are contiguous (as allocated by the runner)")
     if num_tokens == 0:
         return
+    pdl = use_pdl(key)
     _write_kv_kernel[(num_tokens,)](
         key,
         value,
@@ -84,4 +89,5 @@ def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slo
         BLOCK_H=triton.next_power_of_2(num_kv_heads),
         BLOCK_D=triton.next_power_of_2(head_dim),
         num_warps=4 if num_kv_heads * head_dim >= 1024 else 1,
+        USE_PDL=pdl, launch_pdl=pdl,
     )
