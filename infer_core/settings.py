@@ -64,6 +64,7 @@ class EngineSettings(BaseSettings):
     enable_prefix_caching: bool = Field(True, description="reuse KV blocks of shared prompt prefixes")
     enforce_eager: bool = Field(False, description="never capture CUDA graphs: every decode step runs eagerly")
     async_scheduling: bool = Field(True, description="plan step N+1 while step N runs on the device (built-in scheduler, one rank or tensor parallelism, no speculative decoding); off = each step waits for the previous one's tokens")
+    pdl: bool = Field(True, description="launch the decode-path Triton kernels with programmatic dependent launch (Hopper and newer GPUs): each starts while the one before it drains")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs the model is split over")
 
     # server

@@ -17,6 +17,7 @@ from infer_core.interfaces import (
     RunnerOutput,
     SchedulerOutput,
 )
+from infer_core.layers import fused
 from infer_core.layers.sampler import sample
 from infer_core.loader import Catalog
 from infer_core.models.build import BuildContext
@@ -54,6 +55,7 @@ class ModelRunner:
         self.model: torch.nn.Module | None = None
         self.kv_caches: list[torch.Tensor] = []
         settings = config.settings
+        fused.PDL = settings.pdl  # process-wide, like torch.backends flags: read at each kernel launch
         self.max_blocks_per_req = -(-config.max_model_len // config.block_size) + 1  # +1: a draft's lookahead
         self.requests = RequestTable(settings.max_num_seqs, config.max_model_len, self.max_blocks_per_req)
         self.buffers: StepBuffers | None = None  # sized and allocated with the KV cache

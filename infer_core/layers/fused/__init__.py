@@ -32,8 +32,9 @@ QK_NORM_ROPE = FusedImpl.TRITON
 GEMV = FusedImpl.TRITON
 
 # Programmatic dependent launch (Hopper and newer): our decode-path kernels let the next kernel's programs
-# start while they drain, and wait (griddepcontrol.wait) before touching memory. INFER_PDL=0 turns it off.
-PDL = os.environ.get("INFER_PDL", "1") != "0"
+# start while they drain, and wait (griddepcontrol.wait) before touching memory. The runner sets it from the
+# ``pdl`` setting (INFER_PDL=false turns it off).
+PDL = True
 
 OPS = ("rms_norm", "rotary", "silu_and_mul", "qk_norm_rope", "gemv")
 
