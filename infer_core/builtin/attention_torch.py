@@ -34,9 +34,13 @@ def _key_mask(query_pos: torch.Tensor, num_keys: int, seq_len: torch.Tensor | in
 
 
 class TorchAttentionBackend(AttentionBackend):
-    def forward(self, layer: AttentionLayer, q, k, v, kv_cache, metadata: BatchMetadata):
+    def standard_kv_slot_mapping(self, metadata: BatchMetadata) -> torch.Tensor:
+        return metadata.slot_mapping[: metadata.num_tokens]
+
+    def forward(self, layer: AttentionLayer, q, k, v, kv_cache, metadata: BatchMetadata, *, kv_written: bool = False):
         n = metadata.num_tokens  # rows past it are padding (never written)
-        write_kv(kv_cache, k[:n], v[:n], metadata.slot_mapping[:n])
+        if not kv_written:
+            write_kv(kv_cache, k[:n], v[:n], metadata.slot_mapping[:n])
         out = torch.zeros_like(q)
         num_decodes = metadata.num_decode_only
         if num_decodes:

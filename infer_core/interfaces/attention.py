@@ -71,6 +71,11 @@ class AttentionBackend(RuntimeComponent, ABC):
     Lifecycle: ``validate(ctx)`` (class method, may not import heavy dependencies), then
     ``cls(ctx)``; each step ``build_metadata(common)`` once, then ``forward`` once per layer.
     The KV cache of one layer is ``[2, num_blocks, block_size, num_kv_heads, head_dim]``.
+
+    Who writes the step's new K/V: the backend, inside ``forward``, unless its cache has the
+    standard paged layout and it says so (``standard_kv_slot_mapping``); then a model layer may
+    store k/v itself in a kernel it runs anyway (Qwen3's q/k-norm + rotary) and call
+    ``forward(..., kv_written=True)``, saving one launch per layer.
     """
 
     @classmethod
@@ -95,6 +100,17 @@ class AttentionBackend(RuntimeComponent, ABC):
         """Derive backend-specific metadata once per step (default: use the common one)."""
         return common
 
+    def standard_kv_slot_mapping(self, metadata: Any) -> torch.Tensor | None:
+        """The step's ``slot_mapping`` when a layer may store its new k/v rows in the cache itself, else None.
+
+        A backend returns it only if its cache is the standard paged layout ``[2, num_blocks,
+        block_size, num_kv_heads, head_dim]`` (slot ``s`` is row ``s % block_size`` of block
+        ``s // block_size``; slot -1 is not stored; rows of the flat batch past ``slot_mapping``
+        are padding, not stored) and its ``forward`` honours ``kv_written``. The default, None,
+        keeps the write in ``forward``: a plugin with another layout need not change anything.
+        """
+        return None
+
     @abstractmethod
     def forward(
         self,
@@ -104,5 +120,12 @@ class AttentionBackend(RuntimeComponent, ABC):
         v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
         kv_cache: torch.Tensor,
         metadata: Any,
+        *,
+        kv_written: bool = False,
     ) -> torch.Tensor:
-        """Write k/v into ``kv_cache`` at ``slot_mapping`` and return ``[num_tokens, num_heads, head_dim]``."""
+        """Write k/v into ``kv_cache`` at ``slot_mapping`` and return ``[num_tokens, num_heads, head_dim]``.
+
+        ``kv_written=True``: the caller has already stored k and v of these tokens at the slots
+        ``standard_kv_slot_mapping`` gave, so ``forward`` does not write them again. Callers pass it
+        only to a backend whose ``standard_kv_slot_mapping`` is not None.
+        """

@@ -143,3 +143,65 @@ def test_bad_kv_arguments(device):
     with pytest.raises(ValueError, match="int32/int64"):
         qk_norm_rope_inplace(positions, q, k, *args, kv_cache=cache, v=v, slot_mapping=slots.float())
     assert not cache.any()
+
+
+# On CUDA, at the shapes of Qwen3-0.6B and Qwen3-8B (q heads, kv heads, head_dim): block sizes of the
+# triton/torch backends (16) and of flash-attn (256); 16411 tokens: past 16k, no multiple of any block.
+REAL_SHAPES = {"qwen3-0.6b": (16, 8, 128), "qwen3-8b": (32, 8, 128)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", sorted(REAL_SHAPES))
+@pytest.mark.parametrize("num_tokens", [1, 7, 256, 2048, 16411])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("block_size", [16, 256])
+def test_real_shapes_on_cuda(model, num_tokens, dtype, block_size):
+    heads, kv_heads, head_dim = REAL_SHAPES[model]
+    check_fused_equals_two_step(num_tokens, heads, kv_heads, head_dim, dtype, block_size, "cuda",
+                                skipped=(0,) if num_tokens > 1 else ())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", sorted(REAL_SHAPES))
+def test_replays_in_a_cuda_graph(model):
+    """A padded decode batch as the runner captures it: replayed on new qkv, positions and slots, the
+    cache and qkv equal the two launches run eagerly on the same inputs."""
+    torch.manual_seed(5)
+    heads, kv_heads, head_dim = REAL_SHAPES[model]
+    num_tokens, num_real, block_size, dtype = 8, 5, 16, torch.bfloat16
+    q_weight, k_weight, rotary = make_layers(head_dim, dtype, "cuda")
+    args = (q_weight, k_weight, 1e-6, rotary.cos_sin_cache, rotary.rot_dim)
+    qkv, q, k, v = fused_qkv(num_tokens, heads, kv_heads, head_dim, dtype, "cuda")
+    positions = torch.zeros(num_tokens, dtype=torch.long, device="cuda")
+    cache = torch.zeros(2, 32, block_size, kv_heads, head_dim, dtype=dtype, device="cuda")
+    slots = torch.full((num_real,), -1, dtype=torch.int32, device="cuda")
+
+    def step():
+        qk_norm_rope_inplace(positions, q, k, *args, kv_cache=cache, v=v, slot_mapping=slots)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # compile before capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        new_qkv = fused_qkv(num_tokens, heads, kv_heads, head_dim, dtype, "cuda")[0]
+        new_positions = torch.randint(0, 4096, (num_tokens,), device="cuda")
+        new_slots = random_slots(num_real, 32, block_size, "cuda", seed=seed, skipped=(seed,))
+        new_cache = torch.randn_like(cache, dtype=torch.float32).to(dtype)
+        ref_qkv, ref_cache = new_qkv.clone(), new_cache.clone()
+        ref_q, ref_k, ref_v = (x.view(num_tokens, -1, head_dim) for x in ref_qkv.split(
+            [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1))
+        qk_norm_rope_inplace(new_positions, ref_q, ref_k, *args)
+        scatter_kv(ref_cache, ref_k, ref_v, new_slots)
+        for buffer, value in ((qkv, new_qkv), (positions, new_positions), (slots, new_slots), (cache, new_cache)):
+            buffer.copy_(value)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(qkv, ref_qkv)
+        assert torch.equal(cache, ref_cache)
