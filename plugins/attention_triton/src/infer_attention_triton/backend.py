@@ -1,5 +1,7 @@
 """The ``triton`` attention backend: KV write, then one decode and one prefill/extend launch per layer.
 
+The KV write is skipped when the layer stored k/v itself (``forward(..., kv_written=True)``).
+
 Requests come decode-only first (``BatchMetadata.num_decode_only``), so a mixed step is a
 split-K decode launch over requests ``[0, num_decode_only)`` and a prefill launch over the rest.
 Host-side choices (split count, scratch for the partials) are made in ``build_metadata``, once
@@ -81,12 +83,19 @@ class TritonAttentionBackend(AttentionBackend):
             )
         return TritonMetadata(common, num_splits, self._scratch, tiles)
 
-    def forward(self, layer: AttentionLayer, q, k, v, kv_cache, metadata: TritonMetadata | BatchMetadata):
+    def standard_kv_slot_mapping(self, metadata: TritonMetadata | BatchMetadata) -> torch.Tensor:
+        """The cache is the standard paged layout: a layer may store k/v and pass ``kv_written=True``."""
+        md = metadata if isinstance(metadata, BatchMetadata) else metadata.common
+        return md.slot_mapping[: md.num_tokens]
+
+    def forward(self, layer: AttentionLayer, q, k, v, kv_cache, metadata: TritonMetadata | BatchMetadata, *,
+                kv_written: bool = False):
         if isinstance(metadata, BatchMetadata):  # called without build_metadata (tests, tools)
             metadata = self.build_metadata(metadata)
         md = metadata.common
         n = md.num_tokens  # rows past it are padding: their KV is not written
-        write_kv(kv_cache, k[:n], v[:n], md.slot_mapping[:n])
+        if not kv_written:  # else the layer stored k/v already (standard_kv_slot_mapping)
+            write_kv(kv_cache, k[:n], v[:n], md.slot_mapping[:n])
         out = torch.empty_like(q)
         num_decodes = md.num_decode_only
         if num_decodes:
