@@ -1,9 +1,9 @@
 """The ``flash`` attention backend: flash-attn 2 reading the paged KV cache in place.
 
-Per layer and step: one fused KV write, one ``flash_attn_with_kvcache`` call for every one-token
-request, one ``flash_attn_varlen_func`` call (with ``block_table``) for every other request. No
-per-request launches, no gathered copies of the cache, no host sync in ``forward``, so a decode
-step can be captured in a CUDA graph.
+Per layer and step: one fused KV write (none when the layer stored k/v itself, ``kv_written=True``),
+one ``flash_attn_with_kvcache`` call for every one-token request, one ``flash_attn_varlen_func``
+call (with ``block_table``) for every other request. No per-request launches, no gathered copies
+of the cache, no host sync in ``forward``, so a decode step can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -60,9 +60,14 @@ class FlashAttentionBackend(AttentionBackend):
     def build_metadata(self, common: BatchMetadata) -> FlashMetadata:
         return build_flash_metadata(common)
 
-    def forward(self, layer: AttentionLayer, q, k, v, kv_cache, metadata: FlashMetadata):
+    def standard_kv_slot_mapping(self, metadata: FlashMetadata) -> torch.Tensor:
+        """flash-attn's paged layout is the standard one: a layer may store k/v and pass ``kv_written=True``."""
+        return metadata.common.slot_mapping[: metadata.num_tokens]
+
+    def forward(self, layer: AttentionLayer, q, k, v, kv_cache, metadata: FlashMetadata, *, kv_written: bool = False):
         n = metadata.num_tokens  # rows past it are padding: their KV is not written
-        self._write_kv(kv_cache, k[:n], v[:n], metadata.common.slot_mapping[:n])
+        if not kv_written:  # else the layer stored k/v already (standard_kv_slot_mapping)
+            self._write_kv(kv_cache, k[:n], v[:n], metadata.common.slot_mapping[:n])
         k_cache, v_cache = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, num_kv_heads, head_dim] each
         window = window_size(layer)
         decode, prefill = metadata.decode, metadata.prefill
