@@ -121,6 +121,13 @@ def test_throughput_command_writes_one_record_with_every_system(tiny_folder, tmp
     assert Path(breakdown["trace"]).is_file()
     out = capsys.readouterr().out
     assert "step breakdown" in out and "infer.forward" in out
+    timeline = infer["step_timeline"]  # every step of the timed run, grouped: prefills and decode batch sizes
+    assert "prefill" in timeline and any(name.startswith("decode ") for name in timeline)
+    decoded = sum(g["tokens"] for name, g in timeline.items() if name.startswith("decode "))
+    prefilled = sum(g["tokens"] for name, g in timeline.items() if name == "prefill")
+    assert decoded + prefilled == expected.num_prompt_tokens + expected.num_output_tokens - 3  # last tokens: no step
+    assert sum(g["seconds"] for g in timeline.values()) == pytest.approx(infer["elapsed_s"], rel=0.05)
+    assert "step timeline" in out
 
 
 @pytest.mark.parametrize("argv, message", [

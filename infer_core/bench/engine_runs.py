@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from infer_core.bench.step_profile import profile_steps
+from infer_core.bench.timeline import StepTimeline
 from infer_core.bench.workload import (
     WARMUP_MAX_TOKENS,
     WARMUP_PROMPT,
@@ -60,11 +61,17 @@ def measure_throughput(llm, workload: OfflineWorkload) -> dict[str, Any]:
     hits = llm.engine.stats().prefix_hit_tokens
     params = [SamplingParams(temperature=WORKLOAD_TEMPERATURE, ignore_eos=True, max_tokens=n)
               for n in workload.output_lens]
+    timeline = StepTimeline()
+    timeline.attach(llm.engine.scheduler)
     _sync()
     start = time.perf_counter()
-    outputs = llm.generate(workload.prompts, params, use_tqdm=False)
-    _sync()
-    elapsed = time.perf_counter() - start
+    try:
+        outputs = llm.generate(workload.prompts, params, use_tqdm=False)
+        _sync()
+    finally:
+        timeline.detach(llm.engine.scheduler)
+    end = time.perf_counter()
+    elapsed = end - start
     if llm.engine.stats().prefix_hit_tokens - hits > workload.num_prompt_tokens // 100:
         raise RuntimeError("the timed run found its prompts in the prefix cache: the warm-up must not cache them")
     produced = [len(o.outputs[0].token_ids) for o in outputs]
@@ -77,6 +84,7 @@ def measure_throughput(llm, workload: OfflineWorkload) -> dict[str, Any]:
         "prompt_tokens": workload.num_prompt_tokens,
         "elapsed_s": round(elapsed, 3),
         "num_prompts": len(workload.prompts),
+        "step_timeline": timeline.summary(end),
     }
 
 

@@ -152,8 +152,11 @@ def finish(args: argparse.Namespace, benchmark: str, device: str, settings: dict
     """Write the record (with --out), print the rows; 1 when any system failed."""
     from infer_core.bench.record import device_slug, write_results
     from infer_core.bench.step_profile import format_breakdown
+    from infer_core.bench.timeline import format_timeline
 
     for row in rows:
+        if "step_timeline" in row:
+            print(format_timeline(f"{row['system']} attention={row.get('attention')}", row["step_timeline"]))
         if "step_breakdown" in row:
             print(format_breakdown(f"{row['system']} attention={row.get('attention')}", row["step_breakdown"]))
     if args.out is not None:
