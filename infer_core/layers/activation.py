@@ -15,9 +15,14 @@ class SiluAndMul(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.impl = fused.SILU_AND_MUL
+        self.force_triton = False  # tests: the kernel on CPU tensors too (Triton's interpreter)
+
+    def uses_triton(self, x: torch.Tensor) -> bool:
+        """Whether ``forward`` runs the Triton kernel on ``x`` (else the torch code)."""
+        return self.impl is fused.FusedImpl.TRITON and (x.is_cuda or self.force_triton) and fused.triton_available()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if fused.use_triton(self.impl, x):
+        if self.uses_triton(x):
             from infer_core.layers.fused.silu_and_mul import silu_and_mul
 
             return silu_and_mul(x)

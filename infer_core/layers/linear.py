@@ -79,7 +79,8 @@ class LinearBase(nn.Module):
             return [(None, tuple(shape))]
         if shape[out_dim] != sum(self.output_sizes):
             return None
-        return [(shard_id, tuple(shape[:out_dim] + [rows] + shape[out_dim + 1 :])) for shard_id, rows in self.full_shards()]
+        return [(shard_id, tuple(shape[:out_dim] + [rows] + shape[out_dim + 1 :]))
+                for shard_id, rows in self.full_shards()]
 
     def narrow_for_rank(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | str | None) -> torch.Tensor:
         """This rank's part of a full checkpoint tensor."""

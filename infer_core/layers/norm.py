@@ -20,14 +20,20 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
         self.impl = fused.RMS_NORM
+        self.force_triton = False  # tests: the kernel on CPU tensors too (Triton's interpreter)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
 
+    def uses_triton(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> bool:
+        """Whether ``forward`` runs the Triton kernel on these inputs (else the torch code)."""
+        return (self.impl is fused.FusedImpl.TRITON and (x.is_cuda or self.force_triton) and fused.triton_available()
+                and 1 <= x.dim() <= 3 and (residual is None or residual.dtype == x.dtype))
+
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        if fused.use_triton(self.impl, x) and 1 <= x.dim() <= 3 and (residual is None or residual.dtype == x.dtype):
+        if self.uses_triton(x, residual):
             from infer_core.layers.fused.rms_norm import rms_norm
 
             return rms_norm(x, self.weight, self.eps, residual)

@@ -16,6 +16,7 @@ from infer_core.interfaces import AttentionLayer
 from infer_core.layers import fused as fused_ops
 from infer_core.layers.activation import SiluAndMul
 from infer_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from infer_core.layers.fused.gemv_fusion import NormLinear
 from infer_core.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from infer_core.layers.norm import RMSNorm
 from infer_core.layers.rotary import RotaryEmbedding
@@ -46,8 +47,11 @@ class LlamaAttention(nn.Module):
                                     c.sliding_window(layer_idx))
 
     def forward(self, positions, hidden, kv_cache, attn_metadata):
-        num_tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)
+        return self.forward_qkv(positions, self.qkv_proj(hidden), kv_cache, attn_metadata)
+
+    def forward_qkv(self, positions, qkv, kv_cache, attn_metadata):
+        """The layer from its qkv projection on (the decoder layer fuses that with its input norm where it can)."""
+        num_tokens = qkv.shape[0]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         head_dim = self.layer.head_dim
         q = q.reshape(num_tokens, -1, head_dim)
@@ -97,16 +101,15 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(ctx, layer_idx, rotary, f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=ctx.dtype)
         self.mlp = LlamaMLP(ctx, f"{prefix}.mlp")
+        # input norm -> qkv_proj and post-attention norm -> gate_up_proj -> SiLU: one launch each at decode sizes
+        self.norm_qkv = NormLinear(self.input_layernorm, self.self_attn.qkv_proj)
+        self.norm_gate_up = NormLinear(self.post_attention_layernorm, self.mlp.gate_up_proj, self.mlp.act)
 
     def forward(self, positions, hidden, residual, kv_cache, attn_metadata):
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, kv_cache, attn_metadata)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        qkv, residual = self.norm_qkv(hidden, residual)  # residual None (first layer): hidden is the residual
+        hidden = self.self_attn.forward_qkv(positions, qkv, kv_cache, attn_metadata)
+        activated, residual = self.norm_gate_up(hidden, residual)
+        return self.mlp.down_proj(activated), residual
 
 
 class LlamaModel(nn.Module):

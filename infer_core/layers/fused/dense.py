@@ -18,20 +18,27 @@ GEMV_DTYPES = (torch.bfloat16, torch.float16)
 GEMV_MAX_ROWS = 2
 
 
-def use_gemv(impl: fused.FusedImpl, x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Triton's skinny GEMM for a decode-sized batch of half-precision rows on CUDA; F.linear otherwise."""
-    return (fused.use_triton(impl, x) and x.dtype in GEMV_DTYPES and weight.dtype == x.dtype
+def use_gemv(impl: fused.FusedImpl, x: torch.Tensor, weight: torch.Tensor, *, off_cuda: bool = False) -> bool:
+    """Triton's skinny GEMM for a decode-sized batch of half-precision rows on CUDA; F.linear otherwise.
+
+    ``off_cuda``: on CPU tensors too, in Triton's interpreter (tests of the fused decode path).
+    """
+    on_triton = fused.use_triton(impl, x) or (off_cuda and impl is fused.FusedImpl.TRITON
+                                              and fused.triton_available())
+    return (on_triton and x.dtype in GEMV_DTYPES and weight.dtype == x.dtype
             and x.dim() >= 1 and 0 < x.numel() <= GEMV_MAX_ROWS * x.shape[-1] and weight.stride(-1) == 1)
 
 
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                 impl: fused.FusedImpl) -> torch.Tensor:
+                 impl: fused.FusedImpl, *, after_rms_norm: bool = False, off_cuda: bool = False) -> torch.Tensor:
     """``F.linear(x, weight, bias)``, by the GEMV kernel where :func:`use_gemv` says it is faster.
 
     Shared by the dense linear layers and the LM head (the same matmul, tied to the embedding or not).
+    ``after_rms_norm``: x is an RMSNorm's output; the GEMV then takes the tiles it has fused with that
+    norm (``fused.gemv.config_after_rms_norm``), so fused or not gives the same bits.
     """
-    if use_gemv(impl, x, weight):
+    if use_gemv(impl, x, weight, off_cuda=off_cuda):
         from infer_core.layers.fused.gemv import gemv
 
-        return gemv(x, weight, bias)
+        return gemv(x, weight, bias, after_rms_norm=after_rms_norm)
     return F.linear(x, weight, bias)

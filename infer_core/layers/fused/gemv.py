@@ -28,10 +28,13 @@ import triton.language as tl
 
 from infer_core.layers.fused import use_pdl
 from infer_core.layers.fused.pdl import pdl_enter
+from infer_core.layers.fused.rms_norm import MAX_SINGLE_PASS
+from infer_core.layers.fused.rms_norm import _tiles as norm_tiles
 
 MAX_ROWS = 8  # decode batches; more rows than this is a GEMM, F.linear's job
 PROGRAMS_PER_SM = 2  # at least two programs an SM: one loads while the other sums
 TILE_BYTES = 16 << 10  # W bytes one program loads per K step: 64 bf16 values a thread at 4 warps
+VALUES_PER_THREAD = 64  # W values a thread holds per K step
 INTERPRETER_SMS = 4  # on the CPU (TRITON_INTERPRET=1) there is no device to ask; small grids run faster
 
 
@@ -41,6 +44,27 @@ class GemvConfig:
     block_k: int  # K elements per loop step
     num_warps: int
     num_stages: int  # K steps in flight (1: no software pipelining)
+
+
+@triton.jit
+def load_w_tile(w_ptrs, k, K, EVEN_K: tl.constexpr):
+    """One ``[BLOCK_N, BLOCK_K]`` tile of W in float32 (the K tail masked to zero)."""
+    if EVEN_K:
+        w = tl.load(w_ptrs)
+    else:
+        w = tl.load(w_ptrs, mask=(k < K)[None, :], other=0.0)
+    return w.to(tl.float32)
+
+
+@triton.jit
+def add_row_products(acc, w, x_row, m, offs_m):
+    """``acc[m, :] += w @ x_row`` over one K tile: the one place a GEMV sums, shared by every GEMV kernel.
+
+    The fused kernels (``fused/norm_gemv.py``) call it on the same tiles, so their column sums are the
+    plain GEMV's bit for bit.
+    """
+    part = tl.sum(w * x_row[None, :], axis=1)
+    return tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
 
 
 @triton.jit(do_not_specialize=["num_rows"])
@@ -61,31 +85,33 @@ def _gemv_kernel(
     EVEN_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    SINGLE_STEP: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    pdl_enter(USE_PDL)  # before any load or store: see fused/pdl.py
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     # the last program's columns past N re-read row N-1 (in bounds, no mask on W) and are not stored
     w_rows = tl.minimum(cols, N - 1).to(tl.int64) * stride_wn
     offs_k = tl.arange(0, BLOCK_K)
     offs_m = tl.arange(0, BLOCK_M)
     w_ptrs = w_ptr + w_rows[:, None] + offs_k[None, :]
+    if SINGLE_STEP:  # no kernel writes weights: the whole tile may load while the kernel before drains
+        w_first = load_w_tile(w_ptrs, offs_k, K, EVEN_K)
+    pdl_enter(USE_PDL)  # before any other load or store: see fused/pdl.py
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     # an explicit loop stage count lets Triton pipeline loads that feed no dot (cp.async into shared memory)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         k = k0 + offs_k
-        if EVEN_K:
-            w = tl.load(w_ptrs).to(tl.float32)
+        if SINGLE_STEP:
+            w = w_first
         else:
-            w = tl.load(w_ptrs, mask=(k < K)[None, :], other=0.0).to(tl.float32)
+            w = load_w_tile(w_ptrs, k, K, EVEN_K)
         for m in tl.static_range(BLOCK_M):
             x_row = x_ptr + tl.minimum(m, num_rows - 1) * stride_xm  # rows past num_rows: repeats, not stored
             if EVEN_K:
                 xm = tl.load(x_row + k)
             else:
                 xm = tl.load(x_row + k, mask=k < K, other=0.0)
-            part = tl.sum(w * xm.to(tl.float32)[None, :], axis=1)
-            acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+            acc = add_row_products(acc, w, xm.to(tl.float32), m, offs_m)
         w_ptrs += BLOCK_K
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
@@ -94,7 +120,7 @@ def _gemv_kernel(
 
 
 @functools.lru_cache(maxsize=4096)  # called per linear layer per eager step: keep it a dict lookup
-def choose_config(n: int, k: int, element_size: int, num_sms: int) -> GemvConfig:
+def choose_config(n: int, k: int, element_size: int, num_sms: int, num_warps: int | None = None) -> GemvConfig:
     """Tiles for one shape, from the shape alone (the same choice eagerly and under graph capture).
 
     The figure that matters is W bytes in flight per SM. Columns: the widest ``BLOCK_N`` of 16, 8, 4
@@ -105,14 +131,48 @@ def choose_config(n: int, k: int, element_size: int, num_sms: int) -> GemvConfig
     thread (4 warps at 16 KiB); a program of several K steps keeps two more in flight (3 stages:
     cp.async into shared memory), one of a single step needs none (its loads all issue before its sums).
     The row count does not change the choice. ``python -m benchmarks.gemv --sweep`` times the alternatives.
+
+    ``num_warps`` pins the warp count (a GEMV after an RMSNorm runs at the norm's: see
+    :func:`config_after_rms_norm`); the tile is then 64 values a thread at that count, and all of K
+    in one step where 4 or more columns leave room for it (the kernels load a one-step tile before
+    waiting on the kernel before them; a norm fused before the GEMV then runs while W arrives).
     """
-    block_n = next((b for b in (16, 8, 4) if triton.cdiv(n, b) >= PROGRAMS_PER_SM * num_sms), 4)
-    block_k = min(TILE_BYTES // element_size // block_n, triton.next_power_of_2(k))
+    enough_programs = [b for b in (16, 8, 4) if triton.cdiv(n, b) >= PROGRAMS_PER_SM * num_sms]
+    block_n = enough_programs[0] if enough_programs else 4
+    whole_k = triton.next_power_of_2(k)
+    if num_warps is not None:
+        tile = num_warps * 32 * VALUES_PER_THREAD
+        one_step = [b for b in (16, 8, 4) if b * whole_k <= tile]
+        if one_step:  # all of K at once: the tile loads before the PDL wait (and before a fused norm's prologue)
+            block_n = next((b for b in one_step if b in enough_programs), one_step[-1])
+            return GemvConfig(block_n, whole_k, num_warps=num_warps, num_stages=1)
+    else:
+        tile = TILE_BYTES // element_size
+    block_k = min(tile // block_n, whole_k)
     while block_k > 256 and k % block_k:
         block_k //= 2
-    num_warps = max(1, min(8, block_n * block_k // (32 * 64)))
+    if num_warps is None:
+        num_warps = max(1, min(8, block_n * block_k // (32 * VALUES_PER_THREAD)))
     num_stages = 1 if block_k >= k else 3
     return GemvConfig(block_n, block_k, num_warps=num_warps, num_stages=num_stages)
+
+
+def rms_norm_warps(k: int) -> int | None:
+    """The warps of ``fused/rms_norm.py``'s kernel on rows of ``k`` (None: rows it normalises in two passes)."""
+    if k > MAX_SINGLE_PASS:
+        return None
+    return norm_tiles(k, MAX_SINGLE_PASS)[3]
+
+
+def config_after_rms_norm(n: int, k: int, element_size: int, num_sms: int) -> GemvConfig:
+    """Tiles of a GEMV whose x is an RMSNorm's output (qkv, gate_up), fused with that norm or not.
+
+    A sum's bits depend on the thread layout the compiler gives the summed tile, and that depends on
+    the warp count: one launch of norm + GEMV has one, so the norm's sum of squares and the GEMV's
+    column sums are the separate kernels' sums only if both run at the norm kernel's warp count.
+    The GEMV after the norm runs at it unfused too, so fusing changes no bit.
+    """
+    return choose_config(n, k, element_size, num_sms, num_warps=rms_norm_warps(k))
 
 
 @functools.cache
@@ -127,8 +187,11 @@ def num_sms(device: torch.device) -> int:
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-         config: GemvConfig | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for at most ``MAX_ROWS`` rows of x; a new tensor ``[..., N]``."""
+         config: GemvConfig | None = None, after_rms_norm: bool = False) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for at most ``MAX_ROWS`` rows of x; a new tensor ``[..., N]``.
+
+    ``after_rms_norm``: x is an RMSNorm's output, and the tiles are :func:`config_after_rms_norm`'s.
+    """
     k = x.shape[-1]
     if weight.dim() != 2 or weight.shape[1] != k:
         raise ValueError(f"weight {tuple(weight.shape)} does not fit x {tuple(x.shape)}: it must be [N, {k}]")
@@ -150,13 +213,14 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         return out
     if k == 0:
         return out.zero_() if bias is None else out.copy_(bias.expand_as(out))
-    cfg = config or choose_config(n, k, x.element_size(), num_sms(x.device))
+    choose = config_after_rms_norm if after_rms_norm else choose_config
+    cfg = config or choose(n, k, x.element_size(), num_sms(x.device))
     pdl = use_pdl(x)
     _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
         rows, weight, bias if bias is not None else weight, out, num_rows, n, k, rows.stride(0), weight.stride(0), n,
         BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None,
-        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        NUM_STAGES=cfg.num_stages, SINGLE_STEP=cfg.block_k >= k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         USE_PDL=pdl, launch_pdl=pdl,
     )
     return out
