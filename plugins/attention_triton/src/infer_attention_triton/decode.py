@@ -2,9 +2,12 @@
 
 Each program takes one request, one KV head and one contiguous slice (split) of the context; the
 query heads that share that KV head ride along as the rows of one tile, so K and V are read from
-memory once. With several splits, a second kernel merges the partial results by their
-log-sum-exp. A split whose slice is empty writes a zero weight, so the launch grid depends only
-on the batch size and the split count, never on the lengths of this step (CUDA graphs).
+memory once. With several splits, the partial results are merged by their log-sum-exp: by the
+last split program of each (request, KV head) to finish, found with an atomic counter (one
+launch), or by a second kernel (``merge_in_kernel=False``); both run the same merge code, so
+their outputs are bit-identical. A split whose slice is empty writes a zero weight and still
+counts, so the launch grid depends only on the batch size and the split count, never on the
+lengths of this step (CUDA graphs).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ def _decode_kernel(
     out_ptr,
     part_out_ptr,
     part_lse_ptr,
+    split_counts_ptr,
     scale_log2,
     sliding_window,
     num_splits,
@@ -48,12 +52,17 @@ def _decode_kernel(
     stride_po_split,
     stride_pl_req,
     stride_pl_h,
+    stride_sc_req,
     GROUP: tl.constexpr,
     BLOCK_G: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     IS_SPLIT: tl.constexpr,
+    MERGE: tl.constexpr,  # with IS_SPLIT: the last split program of a (request, KV head) merges its splits
+    BLOCK_H: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    SPLIT_CHUNK: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -125,10 +134,80 @@ def _decode_kernel(
         part = part_out_ptr + req.to(tl.int64) * stride_po_req + split * stride_po_split
         tl.store(part + heads[:, None] * stride_po_h + dims[None, :], acc, mask=group_mask[:, None])
         tl.store(part_lse_ptr + req.to(tl.int64) * stride_pl_req + heads * stride_pl_h + split, lse, mask=group_mask)
+        if MERGE:
+            # The barrier puts every thread's stores above before the release of the count; the acquire
+            # of the program that counts last makes all splits' partials visible to it.
+            tl.debug_barrier()
+            counter = split_counts_ptr + req.to(tl.int64) * stride_sc_req + kv_head
+            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
+                _merge_splits(
+                    part_out_ptr, part_lse_ptr, out_ptr, req.to(tl.int64), kv_head, num_splits,
+                    stride_po_req, stride_po_h, stride_po_split, stride_pl_req, stride_pl_h, stride_out_t, stride_out_h,
+                    GROUP, BLOCK_H, HEAD_DIM, BLOCK_S, SPLIT_CHUNK,
+                )  # fmt: skip
+                tl.store(counter, 0)  # every split has counted: zero for the next launch (and graph replay)
     else:
         acc = acc / l_i[:, None]
         out = out_ptr + req.to(tl.int64) * stride_out_t + heads[:, None] * stride_out_h + dims[None, :]
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=group_mask[:, None])
+
+
+@triton.jit
+def _merge_splits(
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    req,
+    kv_head,
+    num_splits,
+    stride_po_req,
+    stride_po_h,
+    stride_po_split,
+    stride_pl_req,
+    stride_pl_h,
+    stride_out_t,
+    stride_out_h,
+    GROUP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    SPLIT_CHUNK: tl.constexpr,
+):
+    """The query heads of one (request, KV head): the splits' partials weighted by exp2(lse - max lse).
+
+    The sums run over the splits in order, element by element, so no bit depends on how Triton
+    spreads a tile over threads (it differs between kernels, and a tree reduction's order with
+    it): the one-launch and the two-launch merge agree exactly. ``SPLIT_CHUNK`` splits are loaded
+    at once (it bounds registers, not the order). Loads skip L1 (``.cg``): in the one-launch
+    merge, other SMs wrote the partials.
+    """
+    rows = tl.arange(0, BLOCK_H)
+    heads = kv_head * GROUP + tl.where(rows < GROUP, rows, 0)  # padding rows redo the first head, unstored
+    dims = tl.arange(0, HEAD_DIM)
+    lse_ptrs = part_lse_ptr + req * stride_pl_req + heads * stride_pl_h
+    part_ptrs = part_out_ptr + req * stride_po_req + heads[:, None] * stride_po_h + dims[None, :]
+    splits = tl.arange(0, BLOCK_S)
+    lse_all = tl.load(
+        lse_ptrs[:, None] + splits[None, :],
+        mask=splits[None, :] < num_splits,
+        other=float("-inf"),
+        cache_modifier=".cg",
+    )
+    lse_max = tl.max(lse_all, 1)  # a maximum is exact in any order
+    total = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
+    for first in range(0, BLOCK_S, SPLIT_CHUNK):  # one chunk: no loop left, every load issued up front
+        for i in tl.static_range(SPLIT_CHUNK):
+            in_range = tl.full([BLOCK_H], first + i, tl.int32) < num_splits
+            lse = tl.load(lse_ptrs + (first + i), mask=in_range, other=float("-inf"), cache_modifier=".cg")
+            part = tl.load(
+                part_ptrs + (first + i) * stride_po_split, mask=in_range[:, None], other=0.0, cache_modifier=".cg"
+            )
+            weight = tl.exp2(lse - lse_max)  # 0 for an empty split (lse -inf)
+            total += weight
+            acc += part * weight[:, None]
+    out = out_ptr + req * stride_out_t + heads[:, None] * stride_out_h + dims[None, :]
+    tl.store(out, (acc / total[:, None]).to(out_ptr.dtype.element_ty), mask=(rows < GROUP)[:, None])
 
 
 @triton.jit
@@ -144,43 +223,48 @@ def _merge_splits_kernel(
     stride_pl_h,
     stride_out_t,
     stride_out_h,
+    GROUP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    SPLIT_CHUNK: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    """One program per (request, query head): weights each split by exp2(lse - max lse)."""
+    """The two-launch merge: one program per (request, KV head)."""
     pdl_enter(USE_PDL)  # before any load or store: see fused/pdl.py
-    req = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    splits = tl.arange(0, BLOCK_S)
-    split_mask = splits < num_splits
-    lse = tl.load(
-        part_lse_ptr + req * stride_pl_req + head * stride_pl_h + splits, mask=split_mask, other=float("-inf")
-    )
-    weight = tl.exp2(lse - tl.max(lse, 0))
-    weight = weight / tl.sum(weight, 0)
-    dims = tl.arange(0, HEAD_DIM)
-    parts = tl.load(
-        part_out_ptr + req * stride_po_req + head * stride_po_h + splits[:, None] * stride_po_split + dims[None, :],
-        mask=split_mask[:, None],
-        other=0.0,
-    )
-    out = tl.sum(parts * weight[:, None], 0)
-    tl.store(out_ptr + req * stride_out_t + head * stride_out_h + dims, out.to(out_ptr.dtype.element_ty))
+    _merge_splits(
+        part_out_ptr, part_lse_ptr, out_ptr, tl.program_id(0).to(tl.int64), tl.program_id(1), num_splits,
+        stride_po_req, stride_po_h, stride_po_split, stride_pl_req, stride_pl_h, stride_out_t, stride_out_h,
+        GROUP, BLOCK_H, HEAD_DIM, BLOCK_S, SPLIT_CHUNK,
+    )  # fmt: skip
+
+
+def split_chunk(block_h: int, head_dim: int, block_s: int, num_warps: int) -> int:
+    """Splits whose partials the merge loads at once: up to 64 registers a thread. All of them at
+    once would spill at 64 splits and 4+ heads per KV head; a merge of one chunk waits on memory once."""
+    values_per_thread = max(1, block_h * head_dim // (32 * num_warps))
+    return max(1, min(block_s, 64 // values_per_thread))
 
 
 @dataclass(slots=True)
 class SplitScratch:
-    """Preallocated partial results of split-K decode: outputs and log2-sum-exp per split."""
+    """Preallocated state of split-K decode: partial outputs and log2-sum-exp per split, and split counters.
+
+    The counters start at zero and every one-launch merge leaves them at zero, so one scratch
+    serves every layer, step and CUDA-graph replay; they are indexed (request, KV head), sized
+    by query heads (an upper bound for KV heads).
+    """
 
     part_out: torch.Tensor  # float32 [num_seqs, num_heads, num_splits, head_dim]
     part_lse: torch.Tensor  # float32 [num_seqs, num_heads, num_splits]
+    split_counts: torch.Tensor  # int32 [num_seqs, num_heads]: splits finished per (request, KV head)
 
     @classmethod
     def allocate(cls, num_seqs: int, num_heads: int, num_splits: int, head_dim: int, device) -> SplitScratch:
         return cls(
             torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=device),
             torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=device),
+            torch.zeros(num_seqs, num_heads, dtype=torch.int32, device=device),
         )
 
     def fits(self, num_seqs: int, num_heads: int, num_splits: int, head_dim: int) -> bool:
@@ -200,12 +284,14 @@ def decode_attention(
     tiles: DecodeTiles,
     sliding_window: int | None = None,
     scratch: SplitScratch | None = None,
+    merge_in_kernel: bool = True,
 ) -> None:
     """Attention of ``q[i]`` (``[num_seqs, num_heads, head_dim]``) over the first ``seq_lens[i]`` cached tokens.
 
     Writes ``out[:num_seqs]``. ``block_tables``/``seq_lens`` may be longer than ``q`` (their first
     ``num_seqs`` rows are used). With ``num_splits > 1`` the partials go to ``scratch``, which
-    must hold at least ``[num_seqs, num_heads, num_splits, head_dim]``.
+    must hold at least ``[num_seqs, num_heads, num_splits, head_dim]``; they are merged in the
+    same launch, or by a second one with ``merge_in_kernel=False`` (the same bits, one more launch).
     """
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads, page_size = kv_cache.shape[3], kv_cache.shape[2]
@@ -219,11 +305,13 @@ def decode_attention(
                 f"split-K decode with {num_splits} splits needs scratch for "
                 f"[{num_seqs}, {num_heads}, {num_splits}, {head_dim}]"
             )
-        part_out, part_lse = scratch.part_out, scratch.part_lse
+        part_out, part_lse, split_counts = scratch.part_out, scratch.part_lse, scratch.split_counts
     else:
-        part_out, part_lse = out, out  # unused by the kernel when not split
+        part_out = part_lse = split_counts = out  # unused by the kernel when not split
     po_strides = part_out.stride()[:3] if is_split else (0, 0, 0)
     pl_strides = part_lse.stride()[:2] if is_split else (0, 0)
+    merge_in_kernel = merge_in_kernel and is_split
+    block_h, block_s = triton.next_power_of_2(group), triton.next_power_of_2(num_splits)
     pdl = use_pdl(q)
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         q,
@@ -233,6 +321,7 @@ def decode_attention(
         out,
         part_out,
         part_lse,
+        split_counts,
         scale * LOG2E,
         sliding_window or 0,
         num_splits,
@@ -247,12 +336,17 @@ def decode_attention(
         out.stride(1),
         *po_strides,
         *pl_strides,
+        split_counts.stride(0) if is_split else 0,
         GROUP=group,
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim,
         BLOCK_N=tiles.block_n,
         PAGE_SIZE=page_size,
         IS_SPLIT=is_split,
+        MERGE=merge_in_kernel,
+        BLOCK_H=block_h,
+        BLOCK_S=block_s,
+        SPLIT_CHUNK=split_chunk(block_h, head_dim, block_s, tiles.num_warps),
         USE_WINDOW=sliding_window is not None,
         DOT_PRECISION=dot_precision(q.dtype),
         UPCAST=is_interpreted(),
@@ -260,8 +354,9 @@ def decode_attention(
         num_stages=tiles.num_stages,
         USE_PDL=pdl, launch_pdl=pdl,
     )
-    if is_split:
-        _merge_splits_kernel[(num_seqs, num_heads)](
+    if is_split and not merge_in_kernel:
+        merge_warps = 4 if head_dim >= 128 else 2
+        _merge_splits_kernel[(num_seqs, num_kv_heads)](
             part_out,
             part_lse,
             out,
@@ -270,8 +365,11 @@ def decode_attention(
             *pl_strides,
             out.stride(0),
             out.stride(1),
+            GROUP=group,
+            BLOCK_H=block_h,
             HEAD_DIM=head_dim,
-            BLOCK_S=triton.next_power_of_2(num_splits),
-            num_warps=4 if head_dim >= 128 else 2,
+            BLOCK_S=block_s,
+            SPLIT_CHUNK=split_chunk(block_h, head_dim, block_s, merge_warps),
+            num_warps=merge_warps,
             USE_PDL=pdl, launch_pdl=pdl,
         )
