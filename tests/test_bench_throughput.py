@@ -128,6 +128,7 @@ def test_throughput_command_writes_one_record_with_every_system(tiny_folder, tmp
     assert decoded + prefilled == expected.num_prompt_tokens + expected.num_output_tokens - 3  # last tokens: no step
     assert sum(g["seconds"] for g in timeline.values()) == pytest.approx(infer["elapsed_s"], rel=0.05)
     assert "step timeline" in out
+    assert 1 <= len(infer["slowest_steps"]) <= 5 and isinstance(infer["compiled_during_run"], list)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -149,3 +150,18 @@ def test_unknown_peer_is_refused_by_the_parser(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "throughput", "--peers", "vllm"])
     assert "hf-generate-batch" in capsys.readouterr().err
+
+
+def test_compile_watch_names_the_kernels_compiled_after_start(tmp_path, monkeypatch):
+    from infer_core.bench.compiles import CompileWatch
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "_gemv_kernel.json").write_text("{}")
+    watch = CompileWatch()
+    assert watch.root == tmp_path
+    watch.start()
+    (tmp_path / "new").mkdir()  # one compile: its metadata, and the group file Triton writes beside it
+    (tmp_path / "new" / "_decode_kernel.json").write_text("{}")
+    (tmp_path / "new" / "__grp___decode_kernel.json").write_text("{}")
+    assert watch.compiled() == ["_decode_kernel"]

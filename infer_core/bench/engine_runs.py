@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from infer_core.bench.compiles import CompileWatch
 from infer_core.bench.step_profile import profile_steps
 from infer_core.bench.timeline import StepTimeline
 from infer_core.bench.workload import (
@@ -61,8 +62,9 @@ def measure_throughput(llm, workload: OfflineWorkload) -> dict[str, Any]:
     hits = llm.engine.stats().prefix_hit_tokens
     params = [SamplingParams(temperature=WORKLOAD_TEMPERATURE, ignore_eos=True, max_tokens=n)
               for n in workload.output_lens]
-    timeline = StepTimeline()
+    timeline, compiles = StepTimeline(), CompileWatch()
     timeline.attach(llm.engine.scheduler)
+    compiles.start()
     _sync()
     start = time.perf_counter()
     try:
@@ -85,6 +87,8 @@ def measure_throughput(llm, workload: OfflineWorkload) -> dict[str, Any]:
         "elapsed_s": round(elapsed, 3),
         "num_prompts": len(workload.prompts),
         "step_timeline": timeline.summary(end),
+        "slowest_steps": timeline.slowest(end),
+        "compiled_during_run": compiles.compiled(),
     }
 
 

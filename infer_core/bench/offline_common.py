@@ -156,7 +156,8 @@ def finish(args: argparse.Namespace, benchmark: str, device: str, settings: dict
 
     for row in rows:
         if "step_timeline" in row:
-            print(format_timeline(f"{row['system']} attention={row.get('attention')}", row["step_timeline"]))
+            print(format_timeline(f"{row['system']} attention={row.get('attention')}", row["step_timeline"],
+                                  row.get("slowest_steps", []), row.get("compiled_during_run", [])))
         if "step_breakdown" in row:
             print(format_breakdown(f"{row['system']} attention={row.get('attention')}", row["step_breakdown"]))
     if args.out is not None:

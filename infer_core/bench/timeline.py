@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+NUM_SLOWEST = 5
 DECODE_BUCKETS = ((1, 8), (9, 32), (33, 64), (65, 128), (129, 192), (193, 256), (257, 1 << 30))
 
 
@@ -42,6 +43,14 @@ class StepTimeline:
     def detach(self, scheduler) -> None:
         scheduler.__dict__.pop("schedule", None)
 
+    def slowest(self, end: float) -> list[dict[str, Any]]:
+        """The ``NUM_SLOWEST`` longest steps: one stall (a compile, a GC pass) shows up here whole."""
+        bounds = self.starts[1:] + [end]
+        steps = [{"step": i, "ms": round(1e3 * (stop - start), 3), "num_reqs": reqs, "num_tokens": tokens}
+                 for i, (start, stop, reqs, tokens) in enumerate(zip(self.starts, bounds, self.num_reqs,
+                                                                       self.num_tokens))]
+        return sorted(steps, key=lambda s: -s["ms"])[:NUM_SLOWEST]
+
     def summary(self, end: float) -> dict[str, Any]:
         """Seconds and steps per group; a step lasts until the next one starts (the last, until ``end``)."""
         groups: dict[str, dict[str, float]] = {}
@@ -67,9 +76,13 @@ def _order(name: str) -> int:
     return -1 if name == "prefill" else int(name.split()[1].split("-")[0].rstrip("+"))
 
 
-def format_timeline(label: str, summary: dict[str, Any]) -> str:
+def format_timeline(label: str, summary: dict[str, Any], slowest: list[dict[str, Any]],
+                    compiled: list[str]) -> str:
     lines = [f"step timeline, {label}:"]
     for name, g in summary.items():
         lines.append(f"  {name:<16}{g['steps']:>6} steps {g['seconds']:>8.3f} s {g['ms_per_step']:>8.3f} ms/step "
                      f"{g['tokens']:>8} tokens")
+    lines.append("  slowest steps: " + ", ".join(
+        f"#{s['step']} {s['ms']:.1f} ms ({s['num_reqs']} reqs, {s['num_tokens']} tokens)" for s in slowest))
+    lines.append(f"  Triton compiles during the run: {', '.join(compiled) if compiled else 'none'}")
     return "\n".join(lines)
