@@ -20,12 +20,21 @@ to retune ``choose_config`` (slow: a compile per tile and row count; use ``--mod
 The engine runs the GEMV up to ``infer_core.layers.fused.dense.GEMV_MAX_ROWS`` rows (``gemv_max_rows`` in the
 results' settings), F.linear beyond.
 
+``--fused`` times instead the decoder layer's two chains at decode sizes (``layers/fused/gemv_fusion.py``):
+input norm + qkv and post-attention norm + gate_up + SiLU-and-mul, as one launch (``fused``) against the
+launches the engine runs unfused (``separate``: rms_norm, the GEMV at its after-norm tiles, silu_and_mul)
+and against those with the GEMV at its plain tiles (``separate-plain``: the engine before the fusion),
+each timed like ``time_us`` above (a graph of C chains on C weight copies, L2 flushed); ``equal``: the
+fused result is the separate one bit for bit.
+
     python -m benchmarks.gemv --out DIR [--models Qwen3-0.6B ...] [--rows 1 8] [--sweep]
+    python -m benchmarks.gemv --fused [--models Qwen3-0.6B Qwen3-8B] [--rows 1 2] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,12 +48,16 @@ from benchmarks.common import versions, write_result
 from benchmarks.fused_ops import max_ulps
 from infer_core.layers import fused
 from infer_core.layers.fused.dense import GEMV_MAX_ROWS
-from infer_core.layers.fused.gemv import GemvConfig, choose_config, gemv
+from infer_core.layers.fused.gemv import GemvConfig, choose_config, config_after_rms_norm, gemv
+from infer_core.layers.fused.norm_gemv import rms_norm_gemv
+from infer_core.layers.fused.rms_norm import rms_norm
+from infer_core.layers.fused.silu_and_mul import silu_and_mul
 from infer_core.models.config import load_model_config
 
 CONFIGS = Path(__file__).parent / "configs"
 MODELS = ("Qwen3-0.6B", "Qwen3-8B", "Llama-3.1-8B")
 ROWS = (1, 2, 4, 8)
+FUSED_MODELS = ("Qwen3-0.6B", "Qwen3-8B")
 DTYPE = torch.bfloat16
 COLD_BYTES = 64 << 20  # weight copies per graph: past the 50 MiB L2 of an H100
 MAX_COPIES = 32
@@ -129,18 +142,99 @@ def sweep(cell: Cell, copy_bw: float) -> list[dict]:
     return rows
 
 
+class Chain:
+    """A decoder layer's norm -> projection (-> SiLU) at one row count: x, the residual, C copies of the weights."""
+
+    def __init__(self, proj: Projection, num_rows: int) -> None:
+        gen = torch.Generator(device=DEVICE).manual_seed(num_rows)
+        self.silu = proj.name == "gate_up"
+        self.copies = max(1, min(MAX_COPIES, math.ceil(COLD_BYTES / (proj.n * proj.k * 2))))
+        self.x = torch.randn(num_rows, proj.k, device=DEVICE, generator=gen).to(DTYPE)
+        self.residual = torch.randn(num_rows, proj.k, device=DEVICE, generator=gen).to(DTYPE)
+        self.layers = [((1 + 0.1 * torch.randn(proj.k, device=DEVICE, generator=gen)).to(DTYPE),
+                        (torch.randn(proj.n, proj.k, device=DEVICE, generator=gen) / proj.k**0.5).to(DTYPE),
+                        torch.randn(proj.n, device=DEVICE, generator=gen).to(DTYPE) if proj.has_bias else None)
+                       for _ in range(self.copies)]
+        n_out = proj.n // 2 if self.silu else proj.n
+        self.num_bytes = (proj.n * proj.k + 2 * num_rows * proj.k + proj.k + num_rows * (n_out + proj.k)) * 2
+
+    def separate(self, norm_weight, weight, bias, *, after_norm: bool = True):
+        normed, summed = rms_norm(self.x, norm_weight, 1e-6, self.residual)
+        y = gemv(normed, weight, bias, after_rms_norm=after_norm)
+        return (silu_and_mul(y) if self.silu else y), summed
+
+    def fused(self, norm_weight, weight, bias):
+        return rms_norm_gemv(self.x, norm_weight, 1e-6, weight, bias, self.residual, silu=self.silu)
+
+    def time_us(self, op) -> float:
+        return 1e3 * graph_ms(lambda: [op(*layer) for layer in self.layers]) / self.copies
+
+
+def main_fused(args, copy_bw: float, num_sms: int) -> None:
+    header = (f"{'model':<13} {'chain':<22} {'M':>2} | {'separate us':>11} {'plain us':>8} | {'fused us':>8} "
+              f"{'GB/s':>5} | {'speedup':>7} {'floor us':>8} | equal | fused tiles")
+    print(f"{header}\n{'-' * len(header)}")
+    results, saved = [], {}
+    for model in args.models:
+        for proj in projections(model):
+            if proj.name not in ("qkv", "gate_up"):
+                continue
+            chain_name = "input-norm+qkv" if proj.name == "qkv" else "post-norm+gate_up+silu"
+            for num_rows in args.rows:
+                chain = Chain(proj, num_rows)
+                equal = all(torch.equal(a, b) for a, b in zip(chain.fused(*chain.layers[0]),
+                                                              chain.separate(*chain.layers[0])))
+                times = {"separate": chain.time_us(chain.separate),
+                         "separate-plain": chain.time_us(functools.partial(chain.separate, after_norm=False)),
+                         "fused": chain.time_us(chain.fused)}
+                floor_us = chain.num_bytes / copy_bw * 1e6
+                cfg = config_after_rms_norm(proj.n, proj.k, 2, num_sms)
+                base = {"model": model, "chain": chain_name, "n": proj.n, "k": proj.k, "num_rows": num_rows,
+                        "bytes": chain.num_bytes, "copies": chain.copies}
+                results += [{**base, "system": system, "time_us": round(t, 2)} for system, t in times.items()]
+                results[-1].update(equal=equal, config=asdict(cfg),
+                                   gb_s=round(chain.num_bytes / (times["fused"] * 1e-6) / GB, 1))
+                results.append({**base, "system": "floor", "time_us": round(floor_us, 2)})
+                key = (model, num_rows)
+                saved[key] = saved.get(key, 0.0) + (times["separate"] - times["fused"]) * proj.per_step
+                print(f"{model:<13} {chain_name:<22} {num_rows:>2} | {times['separate']:>11.2f} "
+                      f"{times['separate-plain']:>8.2f} | {times['fused']:>8.2f} "
+                      f"{chain.num_bytes / (times['fused'] * 1e-6) / GB:>5.0f} | "
+                      f"{times['separate'] / times['fused']:>6.2f}x {floor_us:>8.2f} | {equal!s:<5} | "
+                      f"{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}", flush=True)
+                del chain
+        torch.cuda.empty_cache()
+    print("\nper decode step (layers x both chains), separate - fused:")
+    for (model, num_rows), us in saved.items():
+        print(f"  {model:<13} M={num_rows}: {us:7.1f} us saved")
+    settings = {"dtype": "bfloat16", "rows": args.rows, "models": args.models, "num_sms": num_sms,
+                "copy_bandwidth_gb_s": round(copy_bw / GB, 1), "pdl": fused.PDL,
+                "timing": "CUDA-graph replay of C back-to-back chains on C distinct weight copies (>= 64 MiB), "
+                          "L2 flushed before each replay, median of 50, / C", "versions": versions("triton")}
+    print(f"wrote {write_result('gemv-fused', settings, results, args.out)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None, help="folder of the results JSON (default: results/)")
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
-    parser.add_argument("--rows", nargs="+", type=int, default=list(ROWS), help="rows of x (1..8)")
+    parser.add_argument("--models", nargs="+", default=None, choices=MODELS,
+                        help=f"default: all; with --fused {' '.join(FUSED_MODELS)}")
+    parser.add_argument("--rows", nargs="+", type=int, default=None,
+                        help=f"rows of x (1..8); default {' '.join(map(str, ROWS))}, with --fused 1 2")
     parser.add_argument("--sweep", action="store_true", help="also time a grid of tiles per cell")
+    parser.add_argument("--fused", action="store_true", help="time the fused norm + GEMV (+ SiLU) chains instead")
     args = parser.parse_args()
+    args.models = args.models or list(FUSED_MODELS if args.fused else MODELS)
+    args.rows = args.rows or list((1, 2) if args.fused else ROWS)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.gemv needs a CUDA device")
     torch.backends.cuda.matmul.allow_tf32 = False  # the float32 reference
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     copy_bw = copy_bandwidth()
+    if args.fused:
+        print(f"copy bandwidth {copy_bw / GB:.0f} GB/s, {num_sms} SMs, PDL {'on' if fused.PDL else 'off'}; "
+              "per-chain times from CUDA-graph replays of back-to-back chains on distinct weight copies, L2 flushed")
+        return main_fused(args, copy_bw, num_sms)
     print(f"copy bandwidth {copy_bw / GB:.0f} GB/s, {num_sms} SMs; per-call times from CUDA-graph replays of "
           f"back-to-back calls on distinct W copies, L2 flushed; fused.GEMV = {fused.GEMV.value} "
           f"(the engine runs it up to {GEMV_MAX_ROWS} rows)")

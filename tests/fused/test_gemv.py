@@ -158,3 +158,35 @@ def test_lm_head_is_f_linear_on_the_cpu(tied):
         head.weight.data.copy_(torch.randn(N, K))
     hidden = torch.randn(2, K).to(torch.bfloat16)
     assert torch.equal(head(hidden), F.linear(hidden, head.weight))
+
+
+def test_after_rms_norm_tiles_run_at_the_norms_warps(device, assert_close_to_reference):
+    """x from an RMSNorm: the tiles of config_after_rms_norm (the norm kernel's warps), the same product."""
+    from infer_core.layers.fused.gemv import config_after_rms_norm, num_sms, rms_norm_warps
+    from infer_core.layers.fused.rms_norm import MAX_SINGLE_PASS, _tiles
+
+    for k in (45, 1024, 2048, 4096, 5120, MAX_SINGLE_PASS):
+        assert rms_norm_warps(k) == _tiles(k, MAX_SINGLE_PASS)[3]
+        assert config_after_rms_norm(4096, k, 2, 132).num_warps == rms_norm_warps(k)
+    assert rms_norm_warps(MAX_SINGLE_PASS + 1) is None  # two-pass norms are never fused: the plain tiles
+    assert config_after_rms_norm(64, MAX_SINGLE_PASS + 1, 2, 132) == choose_config(64, MAX_SINGLE_PASS + 1, 2, 132)
+    x, w, b = inputs(2, N, K, torch.bfloat16, device, seed=9)
+    y = gemv(x, w, b, after_rms_norm=True)
+    assert torch.equal(y, gemv(x, w, b, config=config_after_rms_norm(N, K, 2, num_sms(x.device))))
+    assert_close_to_reference(y, reference(x, w, b).to(torch.bfloat16), ulps=1)
+
+
+def test_forced_gemv_on_the_cpu(device):
+    """force_triton (tests of the fused decode path) runs the kernel on CPU tensors: up to GEMV_MAX_ROWS rows."""
+    layer = nn.Module()
+    method = UnquantizedLinearMethod()
+    method.create_weights(layer, K, [N], torch.bfloat16)
+    layer.weight.data.copy_(torch.randn(N, K))
+    x = torch.randn(GEMV_MAX_ROWS + 1, K).to(torch.bfloat16)
+    assert not method.uses_gemv(layer, x[:1])
+    method.force_triton = True
+    assert method.uses_gemv(layer, x[:GEMV_MAX_ROWS]) and not method.uses_gemv(layer, x)
+    assert torch.equal(method.apply(layer, x[:1], None), gemv(x[:1], layer.weight))
+    method.after_rms_norm = True
+    assert torch.equal(method.apply(layer, x[:2], None), gemv(x[:2], layer.weight, after_rms_norm=True))
+    assert torch.equal(method.apply(layer, x, None), F.linear(x, layer.weight))
