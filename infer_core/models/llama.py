@@ -57,17 +57,26 @@ class LlamaAttention(nn.Module):
         q = q.reshape(num_tokens, -1, head_dim)
         k = k.reshape(num_tokens, -1, head_dim)
         v = v.reshape(num_tokens, -1, head_dim)
+        kv_written = False
         if self.qk_norm and self._fuses_qk_norm_rope(q, k):
             from infer_core.layers.fused.qk_norm_rope import qk_norm_rope_inplace
 
-            # q and k stay views into qkv (rewritten in place), as the rotary alone leaves them without qk-norm
+            # q and k stay views into qkv (rewritten in place), as the rotary alone leaves them without qk-norm.
+            # Where the backend's cache has the standard paged layout, the same launch stores k and v at their
+            # slots and the backend skips its own KV write (one launch less per layer).
+            slot_mapping = self.backend.standard_kv_slot_mapping(attn_metadata)
+            kv_written = slot_mapping is not None and kv_cache.dtype == k.dtype
+            kv = {"kv_cache": kv_cache, "v": v, "slot_mapping": slot_mapping} if kv_written else {}
             q, k = qk_norm_rope_inplace(positions, q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
-                                        self.rotary.cos_sin_cache, self.rotary.rot_dim)
+                                        self.rotary.cos_sin_cache, self.rotary.rot_dim, **kv)
         else:
             if self.qk_norm:
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = self.rotary(positions, q, k)
-        out = self.backend.forward(self.layer, q, k, v, kv_cache, attn_metadata)
+        if kv_written:  # only said to a backend that opted in (standard_kv_slot_mapping), so others never see it
+            out = self.backend.forward(self.layer, q, k, v, kv_cache, attn_metadata, kv_written=True)
+        else:
+            out = self.backend.forward(self.layer, q, k, v, kv_cache, attn_metadata)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
     def _fuses_qk_norm_rope(self, q: torch.Tensor, k: torch.Tensor) -> bool:

@@ -108,3 +108,33 @@ def test_another_layout_keeps_its_own_write():
 
     backend = OtherLayout(make_ctx("cpu", torch.float32))
     assert backend.standard_kv_slot_mapping(make_step("cpu", torch.float32)[0]) is None
+def test_qwen3_stores_kv_in_the_fused_op_and_the_backend_skips_its_write(tiny_checkpoint, monkeypatch):
+    """The tiny Qwen3 on the CPU with the fused q/k-norm + rotary forced on (interpreted): the torch
+    backend's own KV write never runs, and the logits equal (torch.equal) those of the same model whose
+    backend keeps the write (``standard_kv_slot_mapping`` None, as a backend of another layout)."""
+    from infer_core import LLM, SamplingParams
+    from infer_core.builtin import attention_torch
+    from infer_core.testing import LogitsRecorder
+
+    writes = []
+    write_kv = attention_torch.write_kv
+    monkeypatch.setattr(attention_torch, "write_kv", lambda *args: writes.append(1) or write_kv(*args))
+    # no prefix cache: the second run must compute what the first did, not read it
+    llm = LLM(str(tiny_checkpoint("qwen3")), device="cpu", dtype="float32", block_size=16, enable_prefix_caching=False)
+    runner = llm.engine.executor.worker.runner
+    for layer in runner.model.model.layers:
+        layer.self_attn.force_fused_qk_norm_rope = True
+    prompts = [[5, 9, 13, 200, 31], torch.randint(3, 384, (19,), generator=torch.Generator().manual_seed(0)).tolist()]
+
+    def run():
+        params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+        with LogitsRecorder(llm.engine) as recorder:
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+        return [torch.stack(recorder.logits[o.request_id]) for o in outputs]
+
+    fused = run()
+    assert writes == []
+    monkeypatch.setattr(runner.attention, "standard_kv_slot_mapping", lambda metadata: None)
+    unfused = run()
+    assert writes  # the backend wrote k/v itself
+    assert all(torch.equal(a, b) for a, b in zip(fused, unfused))
