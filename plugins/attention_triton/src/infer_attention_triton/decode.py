@@ -62,7 +62,6 @@ def _decode_kernel(
     MERGE: tl.constexpr,  # with IS_SPLIT: the last split program of a (request, KV head) merges its splits
     BLOCK_H: tl.constexpr,
     BLOCK_S: tl.constexpr,
-    SPLIT_CHUNK: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -143,7 +142,7 @@ def _decode_kernel(
                 _merge_splits(
                     part_out_ptr, part_lse_ptr, out_ptr, req.to(tl.int64), kv_head, num_splits,
                     stride_po_req, stride_po_h, stride_po_split, stride_pl_req, stride_pl_h, stride_out_t, stride_out_h,
-                    GROUP, BLOCK_H, HEAD_DIM, BLOCK_S, SPLIT_CHUNK,
+                    GROUP, BLOCK_H, HEAD_DIM, BLOCK_S,
                 )  # fmt: skip
                 tl.store(counter, 0)  # every split has counted: zero for the next launch (and graph replay)
     else:
@@ -171,15 +170,13 @@ def _merge_splits(
     BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_S: tl.constexpr,
-    SPLIT_CHUNK: tl.constexpr,
 ):
     """The query heads of one (request, KV head): the splits' partials weighted by exp2(lse - max lse).
 
     The sums run over the splits in order, element by element, so no bit depends on how Triton
     spreads a tile over threads (it differs between kernels, and a tree reduction's order with
-    it): the one-launch and the two-launch merge agree exactly. ``SPLIT_CHUNK`` splits are loaded
-    at once (it bounds registers, not the order). Loads skip L1 (``.cg``): in the one-launch
-    merge, other SMs wrote the partials.
+    it): the one-launch and the two-launch merge agree exactly. Loads skip L1 (``.cg``): in the
+    one-launch merge, other SMs wrote the partials.
     """
     rows = tl.arange(0, BLOCK_H)
     heads = kv_head * GROUP + tl.where(rows < GROUP, rows, 0)  # padding rows redo the first head, unstored
@@ -196,16 +193,13 @@ def _merge_splits(
     lse_max = tl.max(lse_all, 1)  # a maximum is exact in any order
     total = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
-    for first in range(0, BLOCK_S, SPLIT_CHUNK):  # one chunk: no loop left, every load issued up front
-        for i in tl.static_range(SPLIT_CHUNK):
-            in_range = tl.full([BLOCK_H], first + i, tl.int32) < num_splits
-            lse = tl.load(lse_ptrs + (first + i), mask=in_range, other=float("-inf"), cache_modifier=".cg")
-            part = tl.load(
-                part_ptrs + (first + i) * stride_po_split, mask=in_range[:, None], other=0.0, cache_modifier=".cg"
-            )
-            weight = tl.exp2(lse - lse_max)  # 0 for an empty split (lse -inf)
-            total += weight
-            acc += part * weight[:, None]
+    for split in tl.static_range(BLOCK_S):  # unrolled: the loads are independent, ptxas issues them early
+        in_range = tl.full([BLOCK_H], split, tl.int32) < num_splits
+        lse = tl.load(lse_ptrs + split, mask=in_range, other=float("-inf"), cache_modifier=".cg")
+        part = tl.load(part_ptrs + split * stride_po_split, mask=in_range[:, None], other=0.0, cache_modifier=".cg")
+        weight = tl.exp2(lse - lse_max)  # 0 for an empty split (lse -inf)
+        total += weight
+        acc += part * weight[:, None]
     out = out_ptr + req * stride_out_t + heads[:, None] * stride_out_h + dims[None, :]
     tl.store(out, (acc / total[:, None]).to(out_ptr.dtype.element_ty), mask=(rows < GROUP)[:, None])
 
@@ -227,7 +221,6 @@ def _merge_splits_kernel(
     BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_S: tl.constexpr,
-    SPLIT_CHUNK: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """The two-launch merge: one program per (request, KV head)."""
@@ -235,15 +228,8 @@ def _merge_splits_kernel(
     _merge_splits(
         part_out_ptr, part_lse_ptr, out_ptr, tl.program_id(0).to(tl.int64), tl.program_id(1), num_splits,
         stride_po_req, stride_po_h, stride_po_split, stride_pl_req, stride_pl_h, stride_out_t, stride_out_h,
-        GROUP, BLOCK_H, HEAD_DIM, BLOCK_S, SPLIT_CHUNK,
+        GROUP, BLOCK_H, HEAD_DIM, BLOCK_S,
     )  # fmt: skip
-
-
-def split_chunk(block_h: int, head_dim: int, block_s: int, num_warps: int) -> int:
-    """Splits whose partials the merge loads at once: up to 64 registers a thread. All of them at
-    once would spill at 64 splits and 4+ heads per KV head; a merge of one chunk waits on memory once."""
-    values_per_thread = max(1, block_h * head_dim // (32 * num_warps))
-    return max(1, min(block_s, 64 // values_per_thread))
 
 
 @dataclass(slots=True)
@@ -346,7 +332,6 @@ def decode_attention(
         MERGE=merge_in_kernel,
         BLOCK_H=block_h,
         BLOCK_S=block_s,
-        SPLIT_CHUNK=split_chunk(block_h, head_dim, block_s, tiles.num_warps),
         USE_WINDOW=sliding_window is not None,
         DOT_PRECISION=dot_precision(q.dtype),
         UPCAST=is_interpreted(),
@@ -355,7 +340,6 @@ def decode_attention(
         USE_PDL=pdl, launch_pdl=pdl,
     )
     if is_split and not merge_in_kernel:
-        merge_warps = 4 if head_dim >= 128 else 2
         _merge_splits_kernel[(num_seqs, num_kv_heads)](
             part_out,
             part_lse,
@@ -369,7 +353,6 @@ def decode_attention(
             BLOCK_H=block_h,
             HEAD_DIM=head_dim,
             BLOCK_S=block_s,
-            SPLIT_CHUNK=split_chunk(block_h, head_dim, block_s, merge_warps),
-            num_warps=merge_warps,
+            num_warps=4 if head_dim >= 128 else 2,
             USE_PDL=pdl, launch_pdl=pdl,
         )
