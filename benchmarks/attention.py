@@ -7,7 +7,7 @@ same memory viewed as 16-token pages, and by the ``torch`` backend where its gat
 Decode figures: time, GB/s of K, V and Q read once, and that as a share of the device-to-device
 copy bandwidth measured in the same run. Prefill: time and TFLOP/s of the causal attention.
 
-    python benchmarks/attention.py [--out DIR] [--quick] [--sweep]
+    python benchmarks/attention.py [--out DIR] [--quick] [--sweep] [--probe] [--merge]
 """
 
 from __future__ import annotations
@@ -492,6 +492,54 @@ def probe_small_decode() -> None:
         print(f"probe decode b={batch} ctx={context}: " + "; ".join(line), flush=True)
 
 
+MERGE_LAYERS = 28  # Qwen3-0.6B's (and -8B's 36 is close): one decode launch per layer and step
+
+
+def probe_merge(num_sms: int) -> None:
+    """Split-K decode merged in its own launch vs by a second launch, as in a decode step: one CUDA
+    graph of a decode launch per layer (each layer its own cache, L2 flushed before each replay),
+    sharing one scratch. Per-launch time, and whether the outputs agree bit for bit (printed only)."""
+    tiles = decode_tiles(HEAD_DIM)
+    for (num_heads, num_kv_heads), max_model_len, batch, context in itertools.product(
+        ((16, 8), (32, 8)), (8192, 40960), (1, 4, 16), (256, 2048)
+    ):
+        splits = choose_num_splits(batch, num_kv_heads, max_model_len, num_sms, tiles.block_n)
+        if splits == 1:
+            continue
+        gen = torch.Generator(device="cuda").manual_seed(batch)
+        pages = -(-context // 16)
+        caches = [
+            torch.randn(2, batch * pages, 16, num_kv_heads, HEAD_DIM, dtype=DTYPE, device="cuda", generator=gen)
+            for _ in range(MERGE_LAYERS)
+        ]
+        table = torch.randperm(batch * pages, device="cuda", generator=gen).to(torch.int32).view(batch, pages)
+        seq_lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+        q = torch.randn(MERGE_LAYERS, batch, num_heads, HEAD_DIM, dtype=DTYPE, device="cuda", generator=gen)
+        out, times = {}, {}
+        for merge_in_kernel in (True, False):
+            scratch = SplitScratch.allocate(batch, num_heads, splits, HEAD_DIM, "cuda")
+            out[merge_in_kernel] = torch.empty_like(q)
+
+            def step(merge_in_kernel=merge_in_kernel, scratch=scratch, caches=caches):
+                for layer in range(MERGE_LAYERS):
+                    decode_attention(
+                        q[layer], caches[layer], table, seq_lens, out[merge_in_kernel][layer], scale=SCALE,
+                        num_splits=splits, tiles=tiles, scratch=scratch, merge_in_kernel=merge_in_kernel,
+                    )  # fmt: skip
+
+            times[merge_in_kernel] = graph_ms(step, reps=100) * 1e3 / MERGE_LAYERS
+        saved = times[False] - times[True]
+        print(
+            f"merge heads={num_heads}/{num_kv_heads} max_model_len={max_model_len} b={batch} ctx={context} "
+            f"splits={splits}: one launch {times[True]:.2f}us/layer, two launches {times[False]:.2f}us/layer, "
+            f"saved {saved:.2f}us/layer = {saved * MERGE_LAYERS:.1f}us/step; "
+            f"bit-identical: {torch.equal(out[True], out[False])}",
+            flush=True,
+        )
+        del caches
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -500,10 +548,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a few cells only (smoke run)")
     parser.add_argument("--sweep", action="store_true", help="print tile/split variants first (tuning)")
     parser.add_argument("--probe", action="store_true", help="print small decode cells eager vs CUDA graph first")
+    parser.add_argument(
+        "--merge", action="store_true", help="print split-K decode with the merge in one launch vs two, then exit"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/attention.py needs a CUDA device")
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if args.merge:
+        probe_merge(num_sms)
+        return
     if args.probe:
         probe_small_decode()
     if args.sweep:
