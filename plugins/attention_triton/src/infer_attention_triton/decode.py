@@ -330,8 +330,8 @@ def decode_attention(
         PAGE_SIZE=page_size,
         IS_SPLIT=is_split,
         MERGE=merge_in_kernel,
-        BLOCK_H=block_h,
-        BLOCK_S=block_s,
+        BLOCK_H=block_h if merge_in_kernel else 1,  # unused otherwise: no kernel variant per split count
+        BLOCK_S=block_s if merge_in_kernel else 1,
         USE_WINDOW=sliding_window is not None,
         DOT_PRECISION=dot_precision(q.dtype),
         UPCAST=is_interpreted(),
