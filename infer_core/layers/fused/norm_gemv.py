@@ -11,6 +11,9 @@ launch of a microsecond or two that reads a few KiB. Here one GEMV launch does a
   and the same j of up (rows j and I + j of W: also a tensor-parallel shard of gate_up is
   ``[gate shard; up shard]``), so its outputs need nothing from other programs.
 
+A program whose W tile holds all of K (``config_after_rms_norm`` prefers those) loads it before the
+PDL wait, so W streams in while the kernel before drains and while the norm's prologue runs.
+
 Bit for bit what ``fused/rms_norm.py``, ``fused/gemv.py`` and ``fused/silu_and_mul.py`` give one after
 the other: each value is rounded to the dtype where those kernels store it (the sum x + residual,
 the normalised row, the row times the norm weight, gate and up, silu(gate)), the sum of squares is
