@@ -57,7 +57,19 @@ class IncrementalDetokenizer:
         return new_text[start:]
 
     def update_steps(self, steps: list[list[int]]) -> tuple[str, str]:
-        """What ``update`` called once per step would add in all, and what its last call would add.
+        """What ``update`` called once per step would add in all, and what its last call would add
+        (``update_spans`` with the steps laid end to end)."""
+        token_ids: list[int] = []
+        step_ends = []
+        for step in steps:
+            token_ids.extend(step)
+            step_ends.append(len(token_ids))
+        return self.update_spans(token_ids, step_ends)
+
+    def update_spans(self, token_ids: list[int], step_ends: list[int]) -> tuple[str, str]:
+        """``update_steps`` for steps given as one list of ids and where each step ended in it (step i
+        added ``token_ids[step_ends[i - 1]:step_ends[i]]``), as a final-only sequence keeps them: ints,
+        not a list per step, which the garbage collector would have to walk.
 
         The steps before the last are decoded as one, so a request whose text is read only at its
         end costs four decodes instead of two per step. Exact for decoders whose text of a longer
@@ -65,14 +77,16 @@ class IncrementalDetokenizer:
         not clean-up of spaces, see ``backend_decoder``). Where the joined steps stop inside a
         character (their text is held back), they are replayed one by one, as streaming would.
         """
-        if not steps:
+        if not step_ends:
             return "", ""
-        earlier = [token for step in steps[:-1] for token in step]
+        last_start = step_ends[-2] if len(step_ends) > 1 else 0
+        earlier = token_ids[:last_start]
         mark = (len(self.token_ids), self.prefix_offset, self.read_offset)
         before = self.update(earlier) if earlier else ""
         if earlier and not before:
             del self.token_ids[mark[0]:]
             self.prefix_offset, self.read_offset = mark[1], mark[2]
-            before = "".join(self.update(step) for step in steps[:-1])
-        last = self.update(steps[-1])
+            starts = [0, *step_ends[:-2]]
+            before = "".join(self.update(token_ids[start:end]) for start, end in zip(starts, step_ends[:-1]))
+        last = self.update(token_ids[last_start:step_ends[-1]])
         return before + last, last

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from infer_core.engine.heap import HEAP_FREEZE
 from infer_core.engine.output_processor import OutputProcessor
 from infer_core.errors import EngineDeadError, RequestError, SettingsError
 from infer_core.interfaces import (
@@ -84,6 +85,7 @@ class Engine:
         self.counters = EngineCounters()
         self._ids = itertools.count()
         self.is_dead = False
+        self._holds_heap = False  # in a busy period: the heap is frozen for it (see engine/heap.py)
 
     @classmethod
     def from_settings(cls, settings: EngineSettings | None = None, **explicit: Any) -> Engine:
@@ -182,6 +184,8 @@ class Engine:
         output = self.outputs.abort(request_id)
         if output is not None:
             self._count_finished([output])
+        if not self.has_unfinished_requests():
+            self._release_heap()
         return output
 
     # the step loop ---------------------------------------------------------------------------
@@ -201,11 +205,23 @@ class Engine:
         step with each other, so the engine is then dead: further calls raise EngineDeadError.
         """
         self._check_alive()
+        if not self._holds_heap:
+            HEAP_FREEZE.hold()  # a busy period starts: full GC passes leave what exists now alone
+            self._holds_heap = True
         try:
-            return self._step()
+            outputs = self._step()
         except BaseException:
             self.is_dead = True
+            self._release_heap()
             raise
+        if not self.has_unfinished_requests():
+            self._release_heap()
+        return outputs
+
+    def _release_heap(self) -> None:
+        if self._holds_heap:
+            self._holds_heap = False
+            HEAP_FREEZE.release()
 
     def _step(self) -> list[RequestOutput]:
         # The named ranges are what `infer bench --profile` splits a step's host time into.
@@ -261,4 +277,5 @@ class Engine:
         return self.scheduler.stats()
 
     def shutdown(self) -> None:
+        self._release_heap()
         self.executor.shutdown()

@@ -25,8 +25,9 @@ class _Sequence:
     detokenizer: IncrementalDetokenizer | None
     holdback: int = 0  # characters kept back from the stream while they could start a stop string
     num_emitted_chars: int = 0
-    # text decoded once at the end: the tokens of each step until then (None: decoded every step)
-    pending_steps: list[list[int]] | None = None
+    # text decoded once at the end (None: decoded every step): where each step's text ended in
+    # ``output.token_ids``; ints, where a list of each step's ids would be a tracked object per token
+    pending_step_ends: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -98,7 +99,7 @@ class OutputProcessor:
 
         Each step then hands out the request's one live RequestOutput instead of a copy, and the
         text, where no stop string needs it earlier, is decoded once at the end (the same text, as
-        ``IncrementalDetokenizer.update_steps`` says): until the final output, ``text`` and
+        ``IncrementalDetokenizer.update_spans`` says): until the final output, ``text`` and
         ``delta_text`` stay empty. Call it before the request's first step.
         """
         parent = self.parents[request_id]
@@ -109,7 +110,7 @@ class OutputProcessor:
             return  # a decoder that cleans up spaces may not give the same text at once: keep it per step
         for seq in by_index:
             if seq.detokenizer is not None and not seq.params.stop and not seq.output.token_ids:
-                seq.pending_steps = []
+                seq.pending_step_ends = []
 
     def is_known(self, request_id: str) -> bool:
         """An id in use by a live request or by one of its completions."""
@@ -147,8 +148,8 @@ class OutputProcessor:
             text_ids = new_token_ids
             if _ended_on_stop_token(update) and not params.include_stop_str_in_output:
                 text_ids = text_ids[:-1]  # as vLLM: the EOS / stop token id ends the text, it is not in it
-            if seq.pending_steps is not None:
-                seq.pending_steps.append(text_ids)
+            if seq.pending_step_ends is not None:
+                seq.pending_step_ends.append(len(out.token_ids) - len(new_token_ids) + len(text_ids))
                 if not update.finished:
                     out.delta_text = ""
                     return False
@@ -174,8 +175,8 @@ class OutputProcessor:
     @staticmethod
     def _decode_pending(seq: _Sequence) -> tuple[str, str]:
         """A final-only sequence's text and last delta, decoded from the steps it held back."""
-        steps, seq.pending_steps = seq.pending_steps, None
-        return seq.detokenizer.update_steps(steps)
+        step_ends, seq.pending_step_ends = seq.pending_step_ends, None
+        return seq.detokenizer.update_spans(seq.output.token_ids, step_ends)
 
     def _find_stop(self, seq: _Sequence, previous_len: int) -> bool:
         out = seq.output
@@ -210,14 +211,14 @@ class OutputProcessor:
                     for seq in sequences.values():
                         seq.output.delta_text, seq.output.delta_token_ids = "", []
             seq = sequences[child_id]
-            pending_steps = seq.pending_steps
-            if pending_steps is not None and not update.finished and seq.output.logprobs is None:
+            pending_step_ends = seq.pending_step_ends
+            if pending_step_ends is not None and not update.finished and seq.output.logprobs is None:
                 # final-only and still running (most of LLM.generate's updates): what _apply does
                 # there, without its checks that cannot apply
                 out, new_token_ids = seq.output, update.new_token_ids
                 out.token_ids.extend(new_token_ids)
                 out.delta_token_ids = list(new_token_ids)
-                pending_steps.append(new_token_ids)
+                pending_step_ends.append(len(out.token_ids))
                 out.delta_text = ""
             elif self._apply(seq, update):
                 stopped.append(child_id)
@@ -250,7 +251,7 @@ class OutputProcessor:
         if parent is None:
             return None
         for child_id, seq in parent.sequences.items():
-            if seq.pending_steps is not None:
+            if seq.pending_step_ends is not None:
                 seq.output.text = self._decode_pending(seq)[0]
                 seq.num_emitted_chars = len(seq.output.text)
             seq.output.delta_text, seq.output.delta_token_ids = "", []

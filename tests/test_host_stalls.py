@@ -1,0 +1,233 @@
+"""Full garbage-collector passes during the step loop walk what the work created, not the whole heap.
+
+A full (generation-2) pass walks every object the collector tracks; after start-up that is the
+whole of torch, transformers and the model, a quarter of a second per pass on the host. While an
+engine has requests in progress the heap it started them on is frozen (``engine/heap.py``), and a
+final-only sequence (``LLM.generate``) keeps where each step ended as ints, not a list per step.
+
+- ``HeapFreeze``: the first holder freezes, the last release unfreezes; garbage cycles from before
+  are collected once released; a heap frozen by the program, or a disabled collector, is left alone.
+- The engine: during the step loop the objects a full pass would walk exclude a 200,000-object
+  start-up heap; an idle, aborted, dead or shut-down engine holds no freeze; with two busy
+  engines the heap stays frozen until both are idle.
+- The output processor: a final-only sequence's retained objects do not grow with its steps.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+
+from infer_core import LLM, SamplingParams
+from infer_core.engine.heap import HEAP_FREEZE, HeapFreeze
+from infer_core.engine.output_processor import OutputProcessor
+from infer_core.interfaces import Request, RequestStatus, RequestUpdate
+
+STARTUP_HEAP = 200_000  # tracked objects made before any request, standing in for torch & co
+
+
+@pytest.fixture(autouse=True)
+def unfrozen_heap():
+    """Every test starts and ends with no frozen heap and the collector on (nothing here leaks a hold)."""
+    assert gc.get_freeze_count() == 0 and gc.isenabled(), "a frozen heap leaked in from an earlier test"
+    yield
+    frozen = gc.get_freeze_count()
+    gc.unfreeze()
+    gc.enable()
+    assert frozen == 0 and HEAP_FREEZE.num_holders == 0, "a test left the heap frozen"
+
+
+def _walked(obj) -> bool:
+    """Whether a full collection pass would walk ``obj`` (frozen objects are in no generation)."""
+    return any(o is obj for o in gc.get_objects())
+
+
+# ---------------------------------------------------------------------------------------------
+# HeapFreeze
+
+
+def test_the_first_hold_freezes_and_the_last_release_unfreezes():
+    heap = HeapFreeze()
+    before = [1, 2]
+    heap.hold()
+    assert gc.get_freeze_count() > 0 and not _walked(before) and heap.is_frozen_here
+    during = [3, 4]
+    heap.hold()  # a second busy engine: what came since the first hold is frozen too
+    assert not _walked(during)
+    heap.release()
+    assert gc.get_freeze_count() > 0 and not _walked(before)
+    heap.release()
+    assert gc.get_freeze_count() == 0 and _walked(before) and _walked(during) and not heap.is_frozen_here
+    with pytest.raises(RuntimeError, match="without a matching hold"):
+        heap.release()
+
+
+def test_garbage_cycles_from_before_are_collected_once_released():
+    class Node:
+        pass
+
+    node = Node()
+    node.self = node
+    alive = weakref.ref(node)
+    del node
+    heap = HeapFreeze()
+    heap.hold()
+    gc.collect()
+    assert alive() is not None  # frozen: no pass looks at it
+    heap.release()
+    gc.collect()
+    assert alive() is None
+
+
+def test_a_heap_the_program_froze_stays_frozen():
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    heap = HeapFreeze()
+    heap.hold()
+    assert not heap.is_frozen_here
+    heap.release()
+    assert gc.get_freeze_count() == frozen  # not unfrozen by us
+    gc.unfreeze()
+
+
+def test_a_disabled_collector_is_left_alone():
+    gc.disable()
+    heap = HeapFreeze()
+    heap.hold()
+    assert gc.get_freeze_count() == 0 and not heap.is_frozen_here
+    heap.release()
+    gc.enable()
+
+
+# ---------------------------------------------------------------------------------------------
+# the engine
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tiny_checkpoint) -> str:
+    return str(tiny_checkpoint("qwen3"))
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_path):
+    llm = LLM(tiny_path, device="cpu", num_kv_blocks=256)
+    yield llm
+    llm.shutdown()
+
+
+PARAMS = SamplingParams(temperature=0.6, max_tokens=24, ignore_eos=True)
+
+
+def _prompts(num: int) -> list[list[int]]:
+    return [[(7 * i + 13 * j) % 300 + 3 for j in range(10 + 3 * i)] for i in range(num)]
+
+
+def test_full_passes_in_the_step_loop_skip_the_startup_heap(llm):
+    engine = llm.engine
+    startup = [[i] for i in range(STARTUP_HEAP)]
+    for prompt in _prompts(4):
+        engine.add_request(None, prompt, PARAMS)
+    walked = []
+    while engine.has_unfinished_requests():
+        engine.step()
+        if engine.has_unfinished_requests():
+            walked.append(len(gc.get_objects()))
+    assert len(walked) > 10
+    assert max(walked) < STARTUP_HEAP // 4, walked  # before: the whole heap, startup included
+    assert gc.get_freeze_count() == 0 and len(gc.get_objects()) > STARTUP_HEAP  # idle: all walked again
+    del startup
+
+
+def test_an_idle_aborted_or_stopped_engine_holds_no_freeze(llm, tiny_path):
+    engine = llm.engine
+    llm.generate(_prompts(3), PARAMS, use_tqdm=False)
+    assert gc.get_freeze_count() == 0
+    ids = [engine.add_request(None, p, PARAMS) for p in _prompts(3)]
+    for _ in range(3):
+        engine.step()
+    assert gc.get_freeze_count() > 0
+    for request_id in ids:
+        engine.abort(request_id)
+    while engine.has_unfinished_requests():  # an overlapped step still in flight is read by the next
+        engine.step()
+    assert gc.get_freeze_count() == 0
+    other = LLM(tiny_path, device="cpu", num_kv_blocks=256)
+    other.engine.add_request(None, _prompts(1)[0], PARAMS)
+    other.engine.step()
+    assert gc.get_freeze_count() > 0
+    other.shutdown()  # with its request unfinished
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_failed_step_releases_the_freeze(tiny_path):
+    failing = LLM(tiny_path, device="cpu", num_kv_blocks=256)
+    engine = failing.engine
+    engine.add_request(None, _prompts(1)[0], PARAMS)
+    engine.step()
+    assert gc.get_freeze_count() > 0
+
+    def lost_device(*args, **kwargs):
+        raise RuntimeError("device lost")
+
+    engine.executor.execute_async = lost_device
+    with pytest.raises(RuntimeError, match="device lost"):
+        engine.step()
+    assert engine.is_dead and gc.get_freeze_count() == 0
+    failing.shutdown()
+    assert HEAP_FREEZE.num_holders == 0
+
+
+def test_two_busy_engines_keep_the_heap_frozen_until_both_are_idle(llm, tiny_path):
+    second = LLM(tiny_path, device="cpu", num_kv_blocks=256)
+    short = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    try:
+        llm.engine.add_request(None, _prompts(1)[0], PARAMS)
+        second.engine.add_request(None, _prompts(2)[1], short)
+        llm.engine.step()
+        second.engine.step()
+        assert HEAP_FREEZE.num_holders == 2
+        while second.engine.has_unfinished_requests():
+            second.engine.step()
+        assert HEAP_FREEZE.num_holders == 1 and gc.get_freeze_count() > 0
+        while llm.engine.has_unfinished_requests():
+            llm.engine.step()
+        assert HEAP_FREEZE.num_holders == 0 and gc.get_freeze_count() == 0
+    finally:
+        second.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------
+# the output processor
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from infer_core.models.source import default_model_source
+
+    source = default_model_source()
+    return AutoTokenizer.from_pretrained(str(source.path), gguf_file=source.gguf_file)
+
+
+def test_a_final_only_sequence_keeps_no_object_per_step(tokenizer):
+    processor = OutputProcessor(tokenizer)
+    prompt = tokenizer.encode("Count:", add_special_tokens=False)
+    output_ids = tokenizer.encode(" one two three four five six seven" * 40, add_special_tokens=False)
+    params = SamplingParams(max_tokens=len(output_ids))
+    processor.add("p", None, prompt, [("p", params)], arrival_time=0.0, final_only=True)
+    assert processor.parents["p"].sequences["p"].pending_step_ends is not None  # text decoded at the end
+    request = Request("p", list(prompt), params, max_tokens=len(output_ids), eos_token_ids=frozenset())
+    gc.collect()
+    tracked = len(gc.get_objects())
+    for token in output_ids[:-1]:
+        request.all_token_ids.append(token)
+        processor.process([RequestUpdate(request, [token], None, False)])
+    gc.collect()
+    assert len(gc.get_objects()) - tracked < 50, len(output_ids)  # before: one list per step
+    request.all_token_ids.append(output_ids[-1])
+    request.status = RequestStatus.FINISHED_LENGTH
+    outputs, _ = processor.process([RequestUpdate(request, [output_ids[-1]], None, True)])
+    assert outputs[0].finished and outputs[0].outputs[0].text == tokenizer.decode(output_ids)
