@@ -127,18 +127,23 @@ def measure(cell: Cell, op, copy_bw: float, flops: float, with_eager: bool = Tru
 
 
 def tuned_table(best: dict[tuple[int, int], list[tuple[int, GemmConfig]]]) -> str:
-    """``TUNED`` for gemm_splitk.py: per (N, K), runs of measured row counts with one best config merged."""
+    """``TUNED`` for gemm_splitk.py: per (N, K), runs of measured row counts with one best config merged.
+
+    Only row counts a decode CUDA graph is captured at (1, 2, 4, then multiples of 8) bound an entry,
+    so an unpadded batch and its padded graph fall in one entry and take the same tiles (the same bits).
+    """
     lines = ["TUNED: dict[tuple[int, int], tuple[tuple[int, GemmConfig], ...]] = {"]
     for (n, k), per_m in sorted(best.items()):
         merged: list[tuple[int, GemmConfig]] = []
-        for m, cfg in sorted(per_m, key=lambda p: p[0]):
+        for m, cfg in sorted((p for p in per_m if p[0] in (1, 2, 4) or p[0] % 8 == 0), key=lambda p: p[0]):
             if merged and merged[-1][1] == cfg:
                 merged[-1] = (m, cfg)
             else:
                 merged.append((m, cfg))
-        entries = ", ".join(f"({m}, GemmConfig({c.block_m}, {c.block_n}, {c.block_k}, {c.split_k}, {c.swap_ab}, "
-                            f"{c.num_warps}, {c.num_stages}))" for m, c in merged)
-        lines.append(f"    ({n}, {k}): ({entries},),")
+        lines.append(f"    ({n}, {k}): (")
+        lines += [f"        ({m}, GemmConfig({c.block_m}, {c.block_n}, {c.block_k}, {c.split_k}, {c.swap_ab}, "
+                  f"{c.num_warps}, {c.num_stages}))," for m, c in merged]
+        lines.append("    ),")
     return "\n".join(lines + ["}"])
 
 
@@ -170,7 +175,7 @@ def main() -> None:
         for m in args.rows:
             cell = Cell(proj, m)
             flops = 2 * m * proj.n * proj.k
-            cfg = choose_config(m, proj.n, proj.k, num_sms)
+            cfg = choose_config(m, proj.n, proj.k, 2, num_sms)
             base = {"model": proj.model, "projection": proj.name, "n": proj.n, "k": proj.k, "num_rows": m,
                     "bytes": cell.num_bytes, "flops": flops, "copies": cell.copies}
             cublas = {"system": "f-linear", **measure(cell, F.linear, copy_bw, flops)}

@@ -26,6 +26,7 @@ from infer_core.layers.fused.gemm_splitk import (
     gemm_splitk,
     normalized_splits,
 )
+from infer_core.runner.cuda_graphs import capture_sizes
 
 N, K = 37, 100
 
@@ -143,12 +144,15 @@ REAL_SHAPES = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (151936, 
 @pytest.mark.parametrize("n,k", REAL_SHAPES)
 def test_heuristic_on_an_h100(n, k, monkeypatch):
     """At the real shapes on 132 SMs: W @ x^T up to 64 rows; split only where the tiles leave SMs idle,
-    then at most ~2 waves, splits of whole K tiles at least MIN_SPLIT_K long; tiles within shared memory."""
+    then about one wave, splits of whole K tiles at least MIN_SPLIT_K long; stages within shared memory
+    (fewer for float32 operands); a batch and the CUDA-graph size it is padded to get the same tiles."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     choose_config.cache_clear()
+    sizes = capture_sizes(256)
     try:
-        for m in (3, 4, 8, 16, 32, 64, 65, 128, 192, 256):
-            c = choose_config(m, n, k, 132)
+        for m in range(3, 257):
+            c = choose_config(m, n, k, 2, 132)
+            assert c == choose_config(next(s for s in sizes if s >= m), n, k, 2, 132)
             assert c.swap_ab == (m <= 64)
             assert c.block_m >= (16 if c.swap_ab else 64) and c.block_m >= min(m, 128)
             tiles = -(-m // c.block_m) * -(-n // c.block_n)
@@ -156,7 +160,8 @@ def test_heuristic_on_an_h100(n, k, monkeypatch):
             if c.split_k > 1:
                 assert 4 * tiles < 3 * 132 and tiles * c.split_k < 132 + tiles  # about one wave
                 assert normalized_splits(k, c.block_k, c.split_k)[1] >= MIN_SPLIT_K
-            assert (c.block_m + c.block_n) * c.block_k * 2 * c.num_stages <= 200 << 10
+            for element_size, cfg in ((2, c), (4, choose_config(m, n, k, 4, 132))):
+                assert (cfg.block_m + cfg.block_n) * cfg.block_k * element_size * cfg.num_stages <= 200 << 10
     finally:
         choose_config.cache_clear()
 
@@ -167,10 +172,10 @@ def test_tuned_table_wins(monkeypatch):
     monkeypatch.setitem(TUNED, (4096, 1024), ((16, small), (128, large)))
     choose_config.cache_clear()
     try:
-        assert choose_config(3, 4096, 1024, 132) == choose_config(16, 4096, 1024, 132) == small
-        assert choose_config(17, 4096, 1024, 132) == choose_config(128, 4096, 1024, 132) == large
-        assert choose_config(129, 4096, 1024, 132) not in (small, large)
-        assert choose_config(16, 4096, 2048, 132) != small  # another K: not this entry
+        assert choose_config(3, 4096, 1024, 2, 132) == choose_config(16, 4096, 1024, 2, 132) == small
+        assert choose_config(17, 4096, 1024, 2, 132) == choose_config(128, 4096, 1024, 2, 132) == large
+        assert choose_config(129, 4096, 1024, 2, 132) not in (small, large)
+        assert choose_config(16, 4096, 2048, 2, 132) != small  # another K: not this entry
     finally:
         choose_config.cache_clear()
 

@@ -160,13 +160,13 @@ def normalized_splits(k: int, block_k: int, split_k: int) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=4096)  # called per linear layer per eager step: keep it a dict lookup
-def choose_config(m: int, n: int, k: int, num_sms: int) -> GemmConfig:
+def choose_config(m: int, n: int, k: int, element_size: int, num_sms: int) -> GemmConfig:
     """Tiles and splits for one shape, from the shape alone: ``TUNED`` where measured, else a heuristic.
 
     Heuristic: up to 64 rows, W @ x^T on 64 W rows x (x's rows, at least 16) with 128-wide K steps
     (the W tile is most of the bytes); beyond, 128-row x tiles by 128 (64 where that leaves less than a
     wave of tiles) W rows. Splits: none where the tiles fill 3/4 of the SMs, else enough for about one
-    wave, each split at least ``MIN_SPLIT_K`` long.
+    wave, each split at least ``MIN_SPLIT_K`` long. Four operand stages in flight (two for float32 operands).
     """
     for max_m, cfg in TUNED.get((n, k), ()):
         if m <= max_m:
@@ -184,7 +184,7 @@ def choose_config(m: int, n: int, k: int, num_sms: int) -> GemmConfig:
         split_k = max(1, min(MAX_SPLITS, triton.cdiv(num_sms, tiles), k // MIN_SPLIT_K))
     split_k, _ = normalized_splits(k, block_k, split_k)
     num_warps = 8 if block_m * block_n >= 128 * 128 else 4
-    return GemmConfig(block_m, block_n, block_k, split_k, swap_ab, num_warps, num_stages=4)
+    return GemmConfig(block_m, block_n, block_k, split_k, swap_ab, num_warps, num_stages=4 if element_size <= 2 else 2)
 
 
 @dataclass(slots=True)
@@ -242,7 +242,7 @@ def gemm_splitk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         return out
     if k == 0:
         return out.zero_() if bias is None else out.copy_(bias.expand_as(out))
-    cfg = config or choose_config(m, n, k, num_sms(x.device))
+    cfg = config or choose_config(m, n, k, x.element_size(), num_sms(x.device))
     split_k, k_per_split = normalized_splits(k, cfg.block_k, cfg.split_k)
     num_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     tile_values = cfg.block_m * cfg.block_n
