@@ -7,6 +7,8 @@ to their dtype (the kernel rounds once, after the bias; the interpreter truncate
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -176,7 +178,8 @@ def test_after_rms_norm_tiles_run_at_the_norms_warps(device, assert_close_to_ref
     assert_close_to_reference(y, reference(x, w, b).to(torch.bfloat16), ulps=1)
 
 
-def test_forced_gemv_on_the_cpu(device):
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="kernels on CPU tensors need the interpreter")
+def test_forced_gemv_on_the_cpu():
     """force_triton (tests of the fused decode path) runs the kernel on CPU tensors: up to GEMV_MAX_ROWS rows."""
     layer = nn.Module()
     method = UnquantizedLinearMethod()

@@ -7,6 +7,8 @@ and the fused one (NormLinear.impl TRITON) must give the same bits, down to the 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -21,6 +23,10 @@ from infer_core.layers.norm import RMSNorm
 from infer_core.testing import LogitsRecorder
 
 HIDDEN, INTER = 48, 40
+# force_triton runs the kernels on CPU tensors, which only Triton's interpreter can (conftest sets it without CUDA;
+# with CUDA, test_norm_gemv_gpu.py runs the same checks on the device)
+needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                       reason="Triton kernels on CPU tensors need TRITON_INTERPRET=1")
 
 
 class PlainLinearMethod(LinearMethod):
@@ -96,6 +102,7 @@ def test_cpu_runs_the_layers_as_before(mlp):
     assert got_residual is x and torch.equal(got, (chain.act if mlp else (lambda t: t))(chain.linear(chain.norm(x))))
 
 
+@needs_interpreter
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("mlp", [False, True], ids=["norm-qkv", "norm-gate-up-silu"])
 def test_fused_equals_the_separate_kernels_at_one_and_two_rows(mlp, bias):
@@ -125,6 +132,7 @@ def test_fuses_only_where_every_layer_would_run_triton():
     assert not chain.fuses(x, residual)
 
 
+@needs_interpreter
 def test_another_linear_method_stays_unfused():
     """A quantizer plugin's method is never fused, whatever the flags say; its apply runs as before."""
     chain, _ = build(mlp=True, method=PlainLinearMethod())
@@ -136,6 +144,7 @@ def test_another_linear_method_stays_unfused():
     assert torch.equal(got, chain.act(chain.linear(normed))) and torch.equal(got_residual, summed)
 
 
+@needs_interpreter
 @pytest.mark.parametrize("rank", [0, 1])
 def test_tensor_parallel_gate_up_shard(rank):
     """A rank's gate_up is [gate shard; up shard]: fused on its shard equals unfused and the rank's slice."""
@@ -181,6 +190,7 @@ def run_model(llm: LLM, prompts, impl: FusedImpl):
             len(calls))
 
 
+@needs_interpreter
 @pytest.mark.parametrize("kind", ["qwen3", "llama"])
 def test_tiny_model_same_logits_fused_or_not(kind, tiny_checkpoint):
     """bfloat16 tiny checkpoints, every norm / dense GEMV / SiLU forced onto the Triton kernels.
