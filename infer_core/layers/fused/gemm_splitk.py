@@ -1,22 +1,20 @@
 """Split-K GEMM for decode batches of 3-256 rows: ``y[M, N] = x[M, K] @ W[N, K]^T (+ bias)``, one launch.
 
-Why: at M <= 256 the projections of small models (2-12 MB of W) run in cuBLAS at ~2.6x their
-ideal time on an H100: output tiles alone make 32-200 programs for 132 SMs, each walking all of K.
-Here the grid is (output tiles) x (K splits): a program computes its tile's partial product over
-one slice of K with ``tl.dot`` (wgmma on Hopper) in float32. With one split it stores the tile;
-with several it writes the partial to scratch, and an atomic counter per tile (acq_rel) tells the
-last program of the tile to arrive: that one sums the partials in split order (element by element,
-so the bits depend neither on which program came last nor on thread layouts: the same every run
-and in CUDA-graph replay), adds the bias, rounds once to the output dtype, stores, and zeroes the
-counter for the next launch. At <= 64 rows the tile is computed transposed (``swap_ab``: W's rows
-fill wgmma's 64-row side, x's few rows its narrow side).
+Why: at M <= 256 the projections of small models (2-12 MB of W) take cuBLAS ~2.6x their ideal time
+on an H100: the output tiles alone make 32-200 programs for 132 SMs, each walking all of K. Here
+the grid is (output tiles) x (K splits): a program computes its tile's float32 partial over one
+slice of K with ``tl.dot`` (wgmma). With several splits it writes the partial to scratch, and an
+atomic counter per tile (acq_rel) picks the last program of the tile to arrive: it sums the
+partials in split order, element by element (the bits depend neither on which program came last
+nor on thread layouts: the same every run and in graph replay), adds the bias, rounds once, stores,
+and zeroes the counter for the next launch. At <= 64 rows the tile is W @ x^T (``swap_ab``: W's
+rows fill wgmma's 64-row side, x's few rows its narrow side).
 
-The tiles come from (M, N, K) alone (``TUNED``, filled from ``python -m benchmarks.gemm --sweep``,
-else a heuristic aiming at one to two waves of programs): no autotuning, which would run inside
-graph capture. Scratch is per device, grow-only and never freed (a captured graph keeps its
-address), allocated outside capture (the runner warms up every size before capturing it); calls
-on one device must not overlap on two streams. Every program waits on the kernel before it
-(PDL, ``fused/pdl.py``) before any load.
+Tiles come from (M, N, K) alone (``TUNED`` from ``python -m benchmarks.gemm --sweep``, else a
+heuristic): no autotuning, which would run inside graph capture. Scratch is per device, grow-only,
+never freed (captured graphs keep its address) and never allocated inside a capture (the runner
+warms up each size first); calls on one device must not overlap on two streams. Every program
+waits on the kernel before it (PDL, ``fused/pdl.py``) before any load.
 """
 
 from __future__ import annotations
