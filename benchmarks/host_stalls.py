@@ -44,6 +44,8 @@ class StepRecorder:
         self.active: list[str] = []  # the parts running now, innermost last
         self._gc_start = 0.0
         self._origin = time.perf_counter()
+        self.collector_in_run: dict[str, Any] = {}  # as the first step left it (the engine's busy settings)
+        self._wrapped: list[tuple[Any, str, Any]] = []  # (owner, name, what was there), undone by close()
         runner = engine.executor.worker.runner if hasattr(engine.executor, "worker") else None
         self._wrap(engine, "step", "step")
         self._wrap(engine.scheduler, "schedule", "schedule")
@@ -61,11 +63,23 @@ class StepRecorder:
             pending = recorder._timed("execute_async", launch, args, kwargs)
             return _TimedPending(pending, recorder)
 
-        engine.executor.execute_async = execute_async
+        self._replace(engine.executor, "execute_async", execute_async)
         gc.callbacks.append(self._on_gc)
 
     def close(self) -> None:
+        """Stop recording and put every wrapped part back."""
         gc.callbacks.remove(self._on_gc)
+        for owner, name, original in reversed(self._wrapped):
+            if original is None:
+                delattr(owner, name)  # the instance's own attribute goes; its class's method shows again
+            else:
+                setattr(owner, name, original)
+        self._wrapped.clear()
+
+    def _replace(self, owner, name: str, wrapper) -> None:
+        own = vars(owner).get(name) if hasattr(owner, "__dict__") else None
+        self._wrapped.append((owner, name, own))
+        setattr(owner, name, wrapper)
 
     def _timed(self, part: str, inner, args, kwargs):
         step = self.current
@@ -89,7 +103,7 @@ class StepRecorder:
                 return recorder._step(inner, args, kwargs)
             return recorder._timed(part, inner, args, kwargs)
 
-        setattr(owner, name, timed)
+        self._replace(owner, name, timed)
 
     def _step(self, inner, args, kwargs):
         step = self.current = {"index": len(self.steps), "start_s": time.perf_counter() - self._origin}
@@ -100,6 +114,8 @@ class StepRecorder:
             step["step"] = time.perf_counter() - start
             self.steps.append(step)
             self.current = None
+            if not self.collector_in_run:
+                self.collector_in_run = {"threshold": list(gc.get_threshold()), "frozen": gc.get_freeze_count()}
 
     def _on_gc(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
@@ -232,8 +248,9 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
         produced = sum(len(o.outputs[0].token_ids) for o in outputs)
         assert produced == workload.num_output_tokens, (produced, workload.num_output_tokens)
         row = {"system": "infer", "label": args.label, "elapsed_s": round(elapsed, 3), "output_tokens": produced,
-               "tracked_objects_before_run": heap, "frozen_objects_after_run": gc.get_freeze_count(),
-               "gc_threshold": list(gc.get_threshold()), "overlap": engine.overlap, **summarize(recorder)}
+               "tracked_objects_before_run": heap, "gc_threshold_in_run": recorder.collector_in_run["threshold"],
+               "frozen_objects_in_run": recorder.collector_in_run["frozen"], "overlap": engine.overlap,
+               **summarize(recorder)}
         described = {"model": args.model or "tiny qwen3: 1 layer, hidden 32, vocab 2048", "tokenizer": tokenizer,
                      "num_prompts": args.num_prompts, "max_len": args.max_len, "temperature": WORKLOAD_TEMPERATURE,
                      "ignore_eos": True, "block_size": engine.config.block_size, **settings,

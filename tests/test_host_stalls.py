@@ -1,12 +1,14 @@
-"""Full garbage-collector passes during the step loop walk what the work created, not the whole heap.
+"""Garbage-collector passes during the step loop walk what the work created, not the whole heap.
 
 A full (generation-2) pass walks every object the collector tracks; after start-up that is the
 whole of torch, transformers and the model, a quarter of a second per pass on the host. While an
-engine has requests in progress the heap it started them on is frozen (``engine/heap.py``), and a
-final-only sequence (``LLM.generate``) keeps where each step ended as ints, not a list per step.
+engine has requests in progress the heap it started them on is frozen and young passes wait for
+more objects (``engine/gc_policy.py``), and a final-only sequence (``LLM.generate``) keeps where
+each step ended as ints, not a list per step.
 
-- ``HeapFreeze``: the first holder freezes, the last release unfreezes; garbage cycles from before
-  are collected once released; a heap frozen by the program, or a disabled collector, is left alone.
+- ``StepLoopGC``: the first holder freezes and raises the young threshold, the last release undoes
+  both; garbage cycles from before are collected once released; a heap frozen by the program, a
+  disabled collector or threshold 0 is left alone; a threshold the program changed meanwhile stays.
 - The engine: during the step loop the objects a full pass would walk exclude a 200,000-object
   start-up heap; an idle, aborted, dead or shut-down engine holds no freeze; with two busy
   engines the heap stays frozen until both are idle.
@@ -21,7 +23,7 @@ import weakref
 import pytest
 
 from infer_core import LLM, SamplingParams
-from infer_core.engine.heap import HEAP_FREEZE, HeapFreeze
+from infer_core.engine.gc_policy import STEP_LOOP_GC, YOUNG_THRESHOLD, StepLoopGC
 from infer_core.engine.output_processor import OutputProcessor
 from infer_core.interfaces import Request, RequestStatus, RequestUpdate
 
@@ -29,14 +31,17 @@ STARTUP_HEAP = 200_000  # tracked objects made before any request, standing in f
 
 
 @pytest.fixture(autouse=True)
-def unfrozen_heap():
-    """Every test starts and ends with no frozen heap and the collector on (nothing here leaks a hold)."""
+def collector_as_found():
+    """Every test starts and ends with no frozen heap, the collector on and its thresholds as they
+    were (nothing here leaks a hold)."""
+    threshold = gc.get_threshold()
     assert gc.get_freeze_count() == 0 and gc.isenabled(), "a frozen heap leaked in from an earlier test"
     yield
-    frozen = gc.get_freeze_count()
+    frozen, left = gc.get_freeze_count(), gc.get_threshold()
     gc.unfreeze()
     gc.enable()
-    assert frozen == 0 and HEAP_FREEZE.num_holders == 0, "a test left the heap frozen"
+    gc.set_threshold(*threshold)
+    assert frozen == 0 and left == threshold and STEP_LOOP_GC.num_holders == 0, "a test left the collector set up"
 
 
 def _walked(obj) -> bool:
@@ -45,23 +50,41 @@ def _walked(obj) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# HeapFreeze
+# StepLoopGC
 
 
-def test_the_first_hold_freezes_and_the_last_release_unfreezes():
-    heap = HeapFreeze()
+def test_the_first_hold_sets_the_collector_up_and_the_last_release_undoes_it():
+    threshold = gc.get_threshold()
+    policy = StepLoopGC(young_threshold=threshold[0] + 5000)
     before = [1, 2]
-    heap.hold()
-    assert gc.get_freeze_count() > 0 and not _walked(before) and heap.is_frozen_here
+    policy.hold()
+    assert gc.get_freeze_count() > 0 and not _walked(before) and policy.is_managing
+    assert gc.get_threshold() == (threshold[0] + 5000, *threshold[1:])
     during = [3, 4]
-    heap.hold()  # a second busy engine: what came since the first hold is frozen too
+    policy.hold()  # a second busy engine: what came since the first hold is frozen too
     assert not _walked(during)
-    heap.release()
-    assert gc.get_freeze_count() > 0 and not _walked(before)
-    heap.release()
-    assert gc.get_freeze_count() == 0 and _walked(before) and _walked(during) and not heap.is_frozen_here
+    policy.release()
+    assert gc.get_freeze_count() > 0 and not _walked(before) and gc.get_threshold()[0] == threshold[0] + 5000
+    policy.release()
+    assert gc.get_freeze_count() == 0 and _walked(before) and _walked(during) and not policy.is_managing
+    assert gc.get_threshold() == threshold
     with pytest.raises(RuntimeError, match="without a matching hold"):
-        heap.release()
+        policy.release()
+
+
+def test_thresholds_the_program_chose_are_kept():
+    threshold = gc.get_threshold()
+    gc.set_threshold(50_000, *threshold[1:])  # higher than ours: kept while busy
+    policy = StepLoopGC(young_threshold=10_000)
+    policy.hold()
+    assert gc.get_threshold()[0] == 50_000
+    policy.release()
+    gc.set_threshold(*threshold)
+    policy.hold()
+    gc.set_threshold(123, 4, 5)  # changed by the program while busy: not undone
+    policy.release()
+    assert gc.get_threshold() == (123, 4, 5)
+    gc.set_threshold(*threshold)
 
 
 def test_garbage_cycles_from_before_are_collected_once_released():
@@ -72,11 +95,11 @@ def test_garbage_cycles_from_before_are_collected_once_released():
     node.self = node
     alive = weakref.ref(node)
     del node
-    heap = HeapFreeze()
-    heap.hold()
+    policy = StepLoopGC()
+    policy.hold()
     gc.collect()
     assert alive() is not None  # frozen: no pass looks at it
-    heap.release()
+    policy.release()
     gc.collect()
     assert alive() is None
 
@@ -84,21 +107,25 @@ def test_garbage_cycles_from_before_are_collected_once_released():
 def test_a_heap_the_program_froze_stays_frozen():
     gc.freeze()
     frozen = gc.get_freeze_count()
-    heap = HeapFreeze()
-    heap.hold()
-    assert not heap.is_frozen_here
-    heap.release()
+    threshold = gc.get_threshold()
+    policy = StepLoopGC()
+    policy.hold()
+    assert not policy.is_managing and gc.get_threshold() == threshold
+    policy.release()
     assert gc.get_freeze_count() == frozen  # not unfrozen by us
     gc.unfreeze()
 
 
 def test_a_disabled_collector_is_left_alone():
-    gc.disable()
-    heap = HeapFreeze()
-    heap.hold()
-    assert gc.get_freeze_count() == 0 and not heap.is_frozen_here
-    heap.release()
-    gc.enable()
+    threshold = gc.get_threshold()
+    zero_threshold = (lambda: gc.set_threshold(0), lambda: gc.set_threshold(*threshold))
+    for disable, enable in ((gc.disable, gc.enable), zero_threshold):
+        disable()
+        policy = StepLoopGC()
+        policy.hold()
+        assert gc.get_freeze_count() == 0 and not policy.is_managing and gc.get_threshold()[0] in (0, threshold[0])
+        policy.release()
+        enable()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,17 +153,21 @@ def _prompts(num: int) -> list[list[int]]:
 
 def test_full_passes_in_the_step_loop_skip_the_startup_heap(llm):
     engine = llm.engine
+    threshold = gc.get_threshold()
     startup = [[i] for i in range(STARTUP_HEAP)]
     for prompt in _prompts(4):
         engine.add_request(None, prompt, PARAMS)
-    walked = []
+    walked, young = [], []
     while engine.has_unfinished_requests():
         engine.step()
         if engine.has_unfinished_requests():
             walked.append(len(gc.get_objects()))
+            young.append(gc.get_threshold()[0])
     assert len(walked) > 10
     assert max(walked) < STARTUP_HEAP // 4, walked  # before: the whole heap, startup included
+    assert min(young) >= YOUNG_THRESHOLD
     assert gc.get_freeze_count() == 0 and len(gc.get_objects()) > STARTUP_HEAP  # idle: all walked again
+    assert gc.get_threshold() == threshold
     del startup
 
 
@@ -176,7 +207,7 @@ def test_a_failed_step_releases_the_freeze(tiny_path):
         engine.step()
     assert engine.is_dead and gc.get_freeze_count() == 0
     failing.shutdown()
-    assert HEAP_FREEZE.num_holders == 0
+    assert STEP_LOOP_GC.num_holders == 0
 
 
 def test_two_busy_engines_keep_the_heap_frozen_until_both_are_idle(llm, tiny_path):
@@ -187,13 +218,13 @@ def test_two_busy_engines_keep_the_heap_frozen_until_both_are_idle(llm, tiny_pat
         second.engine.add_request(None, _prompts(2)[1], short)
         llm.engine.step()
         second.engine.step()
-        assert HEAP_FREEZE.num_holders == 2
+        assert STEP_LOOP_GC.num_holders == 2
         while second.engine.has_unfinished_requests():
             second.engine.step()
-        assert HEAP_FREEZE.num_holders == 1 and gc.get_freeze_count() > 0
+        assert STEP_LOOP_GC.num_holders == 1 and gc.get_freeze_count() > 0
         while llm.engine.has_unfinished_requests():
             llm.engine.step()
-        assert HEAP_FREEZE.num_holders == 0 and gc.get_freeze_count() == 0
+        assert STEP_LOOP_GC.num_holders == 0 and gc.get_freeze_count() == 0
     finally:
         second.shutdown()
 
@@ -231,3 +262,53 @@ def test_a_final_only_sequence_keeps_no_object_per_step(tokenizer):
     request.status = RequestStatus.FINISHED_LENGTH
     outputs, _ = processor.process([RequestUpdate(request, [output_ids[-1]], None, True)])
     assert outputs[0].finished and outputs[0].outputs[0].text == tokenizer.decode(output_ids)
+
+
+# ---------------------------------------------------------------------------------------------
+# the benchmark
+
+
+def test_the_host_stalls_benchmark_runs_the_workload():
+    import argparse
+
+    from benchmarks.host_stalls import PARTS, run
+
+    args = argparse.Namespace(label="test", model=None, load_format="dummy", dtype="bfloat16", attention=None,
+                              device="cpu", block_size=None, tokenizer=False, num_prompts=6, max_len=120,
+                              max_model_len=512)
+    row, settings = run(args)
+    assert row["output_tokens"] > 6 * 100 and row["num_steps"] > 100 and settings["num_prompts"] == 6
+    for part in ("step", *PARTS):
+        figures = row[part]
+        assert 0 < figures["p50_ms"] <= figures["p99_ms"] <= figures["max_ms"] <= figures["total_ms"], part
+    assert row["gc_threshold_in_run"][0] >= YOUNG_THRESHOLD and row["frozen_objects_in_run"] > 0
+
+
+def test_the_step_recorder_puts_a_gc_pass_in_the_step_and_part_it_ran_in(tiny_path):
+    from benchmarks.host_stalls import StepRecorder, summarize
+
+    recorded = LLM(tiny_path, device="cpu", num_kv_blocks=256)
+    engine = recorded.engine
+    schedule = engine.scheduler.schedule
+    collect_at = 4
+
+    def schedule_with_a_full_pass():
+        if engine.scheduler.num_unfinished and len(recorder.steps) == collect_at:
+            gc.collect()
+        return schedule()
+
+    engine.scheduler.schedule = schedule_with_a_full_pass
+    recorder = StepRecorder(engine)
+    try:
+        recorded.generate(_prompts(3), PARAMS, use_tqdm=False)
+    finally:
+        recorder.close()
+        recorded.shutdown()
+    assert engine.step.__func__ is type(engine).step and engine.scheduler.schedule is schedule_with_a_full_pass
+    full = [p for p in recorder.gc_passes if p["generation"] == 2]
+    assert [(p["step"], p["part"]) for p in full] == [(collect_at, "schedule")]
+    step = recorder.steps[collect_at]
+    assert step["schedule"] * 1e3 >= full[0]["ms"] and step["gc"] * 1e3 >= full[0]["ms"]
+    summary = summarize(recorder)
+    assert summary["num_steps"] == len(recorder.steps) and summary["gc"]["2"]["count"] == 1
+    assert summary["slowest"]["schedule"][0]["gc_generations"] == [2] or full[0]["ms"] < 1.0

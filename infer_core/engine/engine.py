@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from infer_core.engine.heap import HEAP_FREEZE
+from infer_core.engine.gc_policy import STEP_LOOP_GC
 from infer_core.engine.output_processor import OutputProcessor
 from infer_core.errors import EngineDeadError, RequestError, SettingsError
 from infer_core.interfaces import (
@@ -85,7 +85,7 @@ class Engine:
         self.counters = EngineCounters()
         self._ids = itertools.count()
         self.is_dead = False
-        self._holds_heap = False  # in a busy period: the heap is frozen for it (see engine/heap.py)
+        self._holds_gc = False  # in a busy period: the collector is set up for it (engine/gc_policy.py)
 
     @classmethod
     def from_settings(cls, settings: EngineSettings | None = None, **explicit: Any) -> Engine:
@@ -185,7 +185,7 @@ class Engine:
         if output is not None:
             self._count_finished([output])
         if not self.has_unfinished_requests():
-            self._release_heap()
+            self._release_gc()
         return output
 
     # the step loop ---------------------------------------------------------------------------
@@ -205,23 +205,23 @@ class Engine:
         step with each other, so the engine is then dead: further calls raise EngineDeadError.
         """
         self._check_alive()
-        if not self._holds_heap:
-            HEAP_FREEZE.hold()  # a busy period starts: full GC passes leave what exists now alone
-            self._holds_heap = True
+        if not self._holds_gc:
+            STEP_LOOP_GC.hold()  # a busy period starts: GC passes leave what exists now alone
+            self._holds_gc = True
         try:
             outputs = self._step()
         except BaseException:
             self.is_dead = True
-            self._release_heap()
+            self._release_gc()
             raise
         if not self.has_unfinished_requests():
-            self._release_heap()
+            self._release_gc()
         return outputs
 
-    def _release_heap(self) -> None:
-        if self._holds_heap:
-            self._holds_heap = False
-            HEAP_FREEZE.release()
+    def _release_gc(self) -> None:
+        if self._holds_gc:
+            self._holds_gc = False
+            STEP_LOOP_GC.release()
 
     def _step(self) -> list[RequestOutput]:
         # The named ranges are what `infer bench --profile` splits a step's host time into.
@@ -277,5 +277,5 @@ class Engine:
         return self.scheduler.stats()
 
     def shutdown(self) -> None:
-        self._release_heap()
+        self._release_gc()
         self.executor.shutdown()
