@@ -28,7 +28,6 @@ from infer_core.layers.sampling.philox import seed_key, seeded_exponential
 from infer_core.layers.sampling.thresholds import top_k_top_p_cut
 from infer_core.sampling_params import MIN_SAMPLING_TEMPERATURE
 
-_MAX_RANDOM_KEY = 1 << 62  # unseeded rows draw a fresh Philox key per step from the batch's generator
 # dtypes whose every value is a float32 value: argmax and the fused kernel need no float32 copy of them
 _WIDENS_EXACTLY = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -152,27 +151,23 @@ def _fused_kernels() -> ModuleType | None:
     return fused
 
 
-def _noise_keys(batch: SamplingBatch, num_rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row Philox (key, position): the seed's for seeded rows, a fresh random key for the rest."""
-    keys = torch.randint(0, _MAX_RANDOM_KEY, (num_rows,), dtype=torch.int64, device=device,
-                         generator=batch.generator)
-    positions = torch.zeros(num_rows, dtype=torch.int64, device=device)
-    if batch.seeds is None:
-        return keys, positions
-    seeds, seed_positions, is_seeded = _seed_columns(batch, device)
-    return torch.where(is_seeded, seeds, keys), torch.where(is_seeded, seed_positions, positions)
-
-
-def _sample_fused(logits: torch.Tensor, batch: SamplingBatch, is_greedy: torch.Tensor, kernels) -> torch.Tensor:
+def _sample_fused(logits: torch.Tensor, batch: SamplingBatch, kernels) -> torch.Tensor:
     threshold = num_ties = None
+    temperature = batch.temperature.float()
     if batch.top_k is not None or batch.top_p is not None:
-        temperature = torch.where(is_greedy, 1.0, batch.temperature.float())
-        threshold, num_ties = top_k_top_p_cut(logits, temperature, batch.top_k, batch.top_p, batch.max_top_k)
-    keys, positions = _noise_keys(batch, logits.shape[0], logits.device)
+        cut_temperature = torch.where(temperature < MIN_SAMPLING_TEMPERATURE, 1.0, temperature)  # greedy: 1
+        threshold, num_ties = top_k_top_p_cut(logits, cut_temperature, batch.top_k, batch.top_p, batch.max_top_k)
+    seeds = positions = is_seeded = None
+    if batch.seeds is not None:
+        seeds, positions, is_seeded = _seed_columns(batch, logits.device)
     min_p = None if batch.min_p is None else batch.min_p.float()
-    if logits.stride(1) != 1:
-        logits = logits.contiguous()  # rows may be strided (a slice of a padded vocabulary); tokens may not
-    return kernels.fused_sample(logits, batch.temperature.float(), keys, positions, min_p, threshold, num_ties)
+    return kernels.fused_sample(_unit_stride(logits), temperature, batch.generator, seeds, positions, is_seeded,
+                                min_p, threshold, num_ties)
+
+
+def _unit_stride(logits: torch.Tensor) -> torch.Tensor:
+    """Rows may be strided (a slice of a padded vocabulary); tokens within a row may not."""
+    return logits if logits.stride(1) == 1 else logits.contiguous()
 
 
 def _has_penalties(batch: SamplingBatch) -> bool:
@@ -204,11 +199,12 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, use_fused: bool | None = 
         rows, cols = batch.banned
         logits = logits.index_put((rows, cols), logits.new_full((), float("-inf")))  # a fill, not a host copy
     logits = apply_penalties(logits, batch)
-    if batch.all_greedy:
+    if batch.all_greedy and kernels is not None and logits.dtype in _WIDENS_EXACTLY:
+        token_ids = kernels.fused_argmax(_unit_stride(logits))
+    elif batch.all_greedy:
         token_ids = logits.argmax(dim=-1)
     elif kernels is not None:
-        is_greedy = batch.temperature < MIN_SAMPLING_TEMPERATURE
-        token_ids = _sample_fused(logits, batch, is_greedy, kernels)
+        token_ids = _sample_fused(logits, batch, kernels)
     else:
         is_greedy = batch.temperature < MIN_SAMPLING_TEMPERATURE
         token_ids = torch.where(is_greedy, logits.argmax(dim=-1), _sample_reference(logits, batch, is_greedy))

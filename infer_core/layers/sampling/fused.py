@@ -1,143 +1,145 @@
-"""The fused GPU sampling pass: temperature, top-k/top-p cut, min-p, Philox noise and argmax.
+"""The fused GPU sampling pass: temperature, top-k/top-p cut, min-p, Philox noise and argmax, in one launch.
 
-Each program reads one slice of one row once and keeps the best ``z - log(q)`` (Gumbel-max form
-of the exponential race ``argmax(p / q)``, so no softmax is needed): ``z = logits / temperature``,
-``q ~ Exp(1)`` from Philox keyed by (row key, position, token). Tokens outside the row's top-k /
-top-p set (a threshold value plus how many tokens tied at it are kept, lowest ids first) or below
-min-p score -inf. Greedy rows score their raw logits. Logits may be bfloat16, float16 or float32:
-each loaded value is widened to float32 in registers (exactly: every bf16/fp16 value is a float32
-value), so the tokens are those of the same logits converted first, without the [R, V] float32 copy.
-Importing this module imports triton.
+Tokens are those of the exponential race ``argmax(p / q)`` in its Gumbel form ``z - log(q)``, with
+``z = logits / temperature`` and ``q ~ Exp(1)`` from Philox keyed by (row key, position, token);
+tokens outside the row's top-k/top-p set (a threshold value plus how many tokens tied at it are
+kept, lowest ids first) or below min-p score -inf; greedy rows score their raw logits. Logits may
+be bfloat16, float16 or float32, widened exactly in registers. How the kernel avoids scoring every
+token exactly is in ``kernels.py``. Importing this module imports triton.
+
+Unseeded rows draw their key inside the kernel from the generator's (seed, Philox offset), which
+this module advances by 4 per launch, so a step costs no extra launch for its random keys.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
-import triton.language as tl
 
-from infer_core.layers.sampling.philox import SMALL_V
+from infer_core.layers.sampling.kernels import count_ties_kernel, sample_kernel
+from infer_core.layers.sampling.philox import SMALL_V, seed_key
 from infer_core.sampling_params import MIN_SAMPLING_TEMPERATURE
 
-BLOCK = 2048  # tokens per loop iteration of a program
 NUM_WARPS = 8
+TILE = NUM_WARPS * 32 * 8  # tokens per loop iteration of a program: 8 per thread, 4 per Philox counter
 LOGITS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # widened to float32 exactly, in registers
-_TARGET_PROGRAMS = 528  # enough programs to fill an H100/H200 (132 SMs) a few times over
+PROGRAMS_PER_SM = 4  # enough programs to keep every SM busy (and the memory system fed)
+_GENERATOR_STEP = 4  # Philox offset a launch consumes (CUDA generators advance in multiples of 4)
 
 
-@triton.jit
-def _count_ties_kernel(logits_ptr, stride, temperature_ptr, threshold_ptr, counts_ptr, vocab_size, num_splits,
-                       MIN_TEMPERATURE: tl.constexpr, SLICE: tl.constexpr, BLOCK: tl.constexpr):
-    """counts[row, split] = tokens of the slice whose scaled logit equals the row's threshold."""
-    row, split = tl.program_id(0), tl.program_id(1)
-    temperature = tl.load(temperature_ptr + row)
-    temperature = tl.where(temperature < MIN_TEMPERATURE, 1.0, temperature)
-    threshold = tl.load(threshold_ptr + row)
-    start = split * SLICE  # slices are whole blocks: only the vocabulary's end needs a mask
-    count = tl.zeros((), dtype=tl.int32)
-    for block in range(SLICE // BLOCK):  # constant bounds (older interpreters reject a tensor bound)
-        block_start = start + block * BLOCK
-        offs = block_start + tl.arange(0, BLOCK)
-        in_vocab = offs < vocab_size
-        logits = tl.load(logits_ptr + row.to(tl.int64) * stride + offs, mask=in_vocab,
-                         other=float("-inf")).to(tl.float32)
-        z = tl.math.div_rn(logits, tl.full((BLOCK,), 1.0, tl.float32) * temperature)
-        count += tl.sum(((z == threshold) & in_vocab).to(tl.int32), axis=0)
-    tl.store(counts_ptr + row * num_splits + split, count)
+@functools.cache
+def _num_sms(device_index: int | None) -> int:
+    if device_index is None:  # the interpreter, on the CPU: few programs, as it runs them one by one
+        return 1
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-@triton.jit
-def _sample_kernel(logits_ptr, stride, temperature_ptr, min_p_ptr, row_max_ptr, threshold_ptr, num_ties_ptr,
-                   ties_before_ptr, key_ptr, position_ptr, best_score_ptr, best_token_ptr, vocab_size, num_splits,
-                   HAS_MIN_P: tl.constexpr, HAS_THRESHOLD: tl.constexpr, MIN_TEMPERATURE: tl.constexpr,
-                   SMALL_V: tl.constexpr, SLICE: tl.constexpr, BLOCK: tl.constexpr):
-    row, split = tl.program_id(0), tl.program_id(1)
-    temperature = tl.load(temperature_ptr + row)
-    is_greedy = temperature < MIN_TEMPERATURE
-    temperature = tl.where(is_greedy, 1.0, temperature)
-    key = tl.load(key_ptr + row)
-    counter_hi = tl.load(position_ptr + row).to(tl.int64) << 32
-    if HAS_MIN_P:  # keep z >= z_max + log(min_p), i.e. p >= min_p * p_max
-        z_max = tl.math.div_rn(tl.load(row_max_ptr + row), temperature)
-        floor = z_max + tl.log(tl.load(min_p_ptr + row))
-    if HAS_THRESHOLD:
-        threshold = tl.load(threshold_ptr + row)
-        num_ties = tl.load(num_ties_ptr + row)
-        ties_seen = tl.load(ties_before_ptr + row * num_splits + split)
-    start = split * SLICE  # slices are whole blocks: only the vocabulary's end needs a mask
-    best = tl.full((), float("-inf"), tl.float32)
-    best_token = tl.zeros((), dtype=tl.int64)
-    for block in range(SLICE // BLOCK):  # constant bounds (older interpreters reject a tensor bound)
-        block_start = start + block * BLOCK
-        offs = block_start + tl.arange(0, BLOCK)
-        in_slice = offs < vocab_size
-        logits = tl.load(logits_ptr + row.to(tl.int64) * stride + offs, mask=in_slice,
-                         other=float("-inf")).to(tl.float32)
-        z = tl.math.div_rn(logits, tl.full((BLOCK,), 1.0, tl.float32) * temperature)
-        keep = in_slice
-        if HAS_THRESHOLD:
-            is_tie = (z == threshold) & in_slice
-            tie_rank = ties_seen + tl.cumsum(is_tie.to(tl.int32), axis=0)
-            keep = keep & ((z > threshold) | (is_tie & (tie_rank <= num_ties)))
-            ties_seen += tl.sum(is_tie.to(tl.int32), axis=0)
-        if HAS_MIN_P:
-            keep = keep & (z >= floor)
-        # token v takes output v % 4 of Philox counter (v // 4, position)
-        counters = block_start // 4 + tl.arange(0, BLOCK // 4)
-        r0, r1, r2, r3 = tl.randint4x(key, counter_hi + counters)
-        bits = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (BLOCK,))
-        v = (bits.to(tl.float32) + 0.5) * 2.3283064365386963e-10  # (bits + 1/2) / 2**32, in (0, 1)
-        series = v * (1.0 + v * (0.5 + v * (0.3333333432674408 + v * 0.25)))
-        exponential = tl.where(v < SMALL_V, series, -tl.log(1.0 - v))
-        score = tl.where(is_greedy, logits, z - tl.log(exponential))
-        score = tl.where(keep, score, float("-inf"))
-        block_best, block_index = tl.max(score, axis=0, return_indices=True)
-        better = block_best > best
-        best_token = tl.where(better, block_start + block_index.to(tl.int64), best_token)
-        best = tl.where(better, block_best, best)
-    tl.store(best_score_ptr + row * num_splits + split, best)
-    tl.store(best_token_ptr + row * num_splits + split, best_token)
+def plan_splits(num_rows: int, vocab_size: int, num_sms: int, num_splits: int | None = None) -> tuple[int, int]:
+    """(slices per row, tiles per slice): splits double until the grid fills the GPU a few times over.
 
-
-def num_splits_for(num_rows: int, vocab_size: int) -> int:
-    """Slices per row: one for large batches, more when a few rows would leave the GPU idle."""
-    wanted = -(-_TARGET_PROGRAMS // max(num_rows, 1))
-    return max(1, min(wanted, -(-vocab_size // (4 * BLOCK))))
-
-
-def fused_sample(logits: torch.Tensor, temperature: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor,
-                 min_p: torch.Tensor | None = None, threshold: torch.Tensor | None = None,
-                 num_ties: torch.Tensor | None = None) -> torch.Tensor:
-    """Sampled token ids [R] int64 of ``logits`` [R, V] (bfloat16, float16 or float32; unit stride along V).
-
-    ``threshold`` [R] float32 / ``num_ties`` [R] int32 describe each row's top-k/top-p set in
-    scaled-logit space (see ``thresholds.py``); ``min_p`` [R] float32 (0 = off).
+    Powers of two keep the number of compiled variants small (the tiles per slice are a constant).
     """
+    num_tiles = triton.cdiv(vocab_size, TILE)
+    if num_splits is None:
+        num_splits = 1
+        while num_splits * num_rows < PROGRAMS_PER_SM * num_sms and num_splits < num_tiles:
+            num_splits *= 2
+    tiles_per_split = triton.cdiv(num_tiles, min(num_splits, num_tiles))
+    return triton.cdiv(num_tiles, tiles_per_split), tiles_per_split
+
+
+class _SplitCounters:
+    """Per (device, stream): int32 counters, zero between launches (each row's last program resets its own)."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[tuple, torch.Tensor] = {}
+
+    def get(self, device: torch.device, num_rows: int) -> torch.Tensor:
+        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+        key = (device.type, device.index, stream)
+        buffer = self.buffers.get(key)
+        if buffer is None or buffer.numel() < num_rows:
+            size = max(num_rows, 256, 0 if buffer is None else 2 * buffer.numel())
+            buffer = self.buffers[key] = torch.zeros(size, dtype=torch.int32, device=device)
+        return buffer
+
+
+_COUNTERS = _SplitCounters()  # scratch memory, like a library workspace: no configuration lives here
+
+
+def generator_base(generator: torch.Generator | None, device: torch.device) -> tuple[int, int]:
+    """(Philox key, counter) the kernel derives this launch's unseeded row keys from.
+
+    A CUDA generator gives its seed and offset (read and advanced on the host, no device work); a
+    CPU generator (the interpreter's) gives one draw.
+    """
+    if generator is None and device.type == "cuda":
+        generator = torch.cuda.default_generators[device.index if device.index is not None
+                                                  else torch.cuda.current_device()]
+    if generator is not None and generator.device.type == "cuda":
+        offset = generator.get_offset()
+        generator.set_offset(offset + _GENERATOR_STEP)
+        return seed_key(generator.initial_seed()), offset // _GENERATOR_STEP
+    return int(torch.randint(0, 1 << 62, (1,), generator=generator)), 0
+
+
+def _launch(logits: torch.Tensor, *, all_greedy: bool, temperature=None, generator=None, seeds=None,
+            positions=None, is_seeded=None, min_p=None, threshold=None, num_ties=None,
+            num_splits: int | None = None) -> torch.Tensor:
     num_rows, vocab_size = logits.shape
     assert logits.dtype in LOGITS_DTYPES and logits.stride(1) == 1, (logits.dtype, logits.stride())
-    num_splits = num_splits_for(num_rows, vocab_size)
-    slice_size = triton.cdiv(triton.cdiv(vocab_size, num_splits), BLOCK) * BLOCK
-    num_splits = triton.cdiv(vocab_size, slice_size)
     device = logits.device
-    best_score = torch.empty(num_rows, num_splits, dtype=torch.float32, device=device)
-    best_token = torch.empty(num_rows, num_splits, dtype=torch.int64, device=device)
+    num_splits, num_tiles = plan_splits(num_rows, vocab_size, _num_sms(device.index), num_splits)
+    splits_p2 = triton.next_power_of_2(num_splits)
+    out = torch.empty(num_rows, dtype=torch.int64, device=device)
+    partial = counters = None
+    if num_splits > 1:
+        partial = torch.empty(num_rows, num_splits, dtype=torch.int64, device=device)
+        counters = _COUNTERS.get(device, num_rows)
     grid = (num_rows, num_splits)
-    has_threshold = threshold is not None
-    ties_before = None
-    if has_threshold and num_splits > 1:
-        counts = torch.empty(num_rows, num_splits, dtype=torch.int32, device=device)
-        _count_ties_kernel[grid](logits, logits.stride(0), temperature, threshold, counts, vocab_size, num_splits,
-                                 MIN_TEMPERATURE=MIN_SAMPLING_TEMPERATURE, SLICE=slice_size, BLOCK=BLOCK)
-        ties_before = (counts.cumsum(dim=1, dtype=torch.int32) - counts).contiguous()
-    elif has_threshold:
-        ties_before = torch.zeros(num_rows, 1, dtype=torch.int32, device=device)
+    gen_seed = gen_counter = 0
+    tie_counts = None
+    if not all_greedy:
+        gen_seed, gen_counter = generator_base(generator, device)
+        if threshold is not None and num_splits > 1:
+            tie_counts = torch.empty(num_rows, num_splits, dtype=torch.int32, device=device)
+            count_ties_kernel[grid](logits, logits.stride(0), temperature, threshold, tie_counts, vocab_size,
+                                    num_splits, MIN_TEMPERATURE=MIN_SAMPLING_TEMPERATURE, NUM_TILES=num_tiles,
+                                    TILE=TILE, num_warps=NUM_WARPS)
     row_max = logits.amax(dim=1).float() if min_p is not None else None  # exact: the max is one of the values
-    _sample_kernel[grid](
-        logits, logits.stride(0), temperature, min_p, row_max, threshold, num_ties, ties_before, keys, positions,
-        best_score, best_token, vocab_size, num_splits,
-        HAS_MIN_P=min_p is not None, HAS_THRESHOLD=has_threshold, MIN_TEMPERATURE=MIN_SAMPLING_TEMPERATURE,
-        SMALL_V=SMALL_V, SLICE=slice_size, BLOCK=BLOCK, num_warps=NUM_WARPS,
+    sample_kernel[grid](
+        logits, logits.stride(0), out, partial, counters, temperature, seeds, positions, is_seeded, gen_seed,
+        gen_counter, min_p, row_max, threshold, num_ties, tie_counts, vocab_size, num_splits,
+        ALL_GREEDY=all_greedy, HAS_SEEDS=seeds is not None, HAS_MIN_P=min_p is not None,
+        HAS_THRESHOLD=threshold is not None, MIN_TEMPERATURE=MIN_SAMPLING_TEMPERATURE, SMALL_V=SMALL_V,
+        NUM_TILES=num_tiles, NUM_TILES_P2=triton.next_power_of_2(num_tiles), TILE=TILE, SPLITS_P2=splits_p2,
+        FAST_LOG2=not triton.knobs.runtime.interpret, num_warps=NUM_WARPS,
     )
-    if num_splits == 1:
-        return best_token.view(num_rows)
-    return best_token.gather(1, best_score.argmax(dim=1, keepdim=True)).view(num_rows)
+    return out
+
+
+def fused_argmax(logits: torch.Tensor, num_splits: int | None = None) -> torch.Tensor:
+    """Each row's argmax [R] int64 (the first maximum; a NaN counts as the maximum, as torch.argmax says)."""
+    return _launch(logits, all_greedy=True, num_splits=num_splits)
+
+
+def fused_sample(logits: torch.Tensor, temperature: torch.Tensor, generator: torch.Generator | None = None,
+                 seeds: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                 is_seeded: torch.Tensor | None = None, min_p: torch.Tensor | None = None,
+                 threshold: torch.Tensor | None = None, num_ties: torch.Tensor | None = None,
+                 num_splits: int | None = None) -> torch.Tensor:
+    """Sampled token ids [R] int64 of ``logits`` [R, V] (bfloat16, float16 or float32; unit stride along V).
+
+    ``temperature`` [R] float32 (below MIN_SAMPLING_TEMPERATURE: greedy row). Seeded rows
+    (``is_seeded`` [R] bool) use ``seeds`` [R] int64 Philox keys at ``positions`` [R] int64; the
+    others a key drawn from ``generator``. ``threshold`` [R] float32 / ``num_ties`` [R] int32
+    describe each row's top-k/top-p set in scaled-logit space (see ``thresholds.py``); ``min_p``
+    [R] float32 (0 = off). ``num_splits`` overrides the slices per row (tests).
+    """
+    if seeds is not None:
+        assert positions is not None and is_seeded is not None
+    return _launch(logits, all_greedy=False, temperature=temperature, generator=generator, seeds=seeds,
+                   positions=positions, is_seeded=is_seeded, min_p=min_p, threshold=threshold,
+                   num_ties=num_ties, num_splits=num_splits)
