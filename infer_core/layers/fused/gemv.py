@@ -33,6 +33,9 @@ from infer_core.layers.fused.pdl import pdl_enter
 from infer_core.layers.fused.rms_norm import MAX_SINGLE_PASS
 from infer_core.layers.fused.rms_norm import _tiles as norm_tiles
 
+LARGE_K = 4096  # from this K on, the large-K tiles of choose_config
+LARGE_K_TILE = 16384  # elements of W a program loads per K step there (32 KiB of bf16)
+LARGE_K_WARPS = 16
 MAX_ROWS = 8  # decode batches; more rows than this is a GEMM, F.linear's job
 PROGRAMS_PER_SM = 2  # at least two programs an SM: one loads while the other sums
 TILE_BYTES = 16 << 10  # W bytes one program loads per K step: 64 bf16 values a thread at 4 warps
@@ -142,6 +145,14 @@ def choose_config(n: int, k: int, element_size: int, num_sms: int, num_warps: in
     enough_programs = [b for b in (16, 8, 4) if triton.cdiv(n, b) >= PROGRAMS_PER_SM * num_sms]
     block_n = enough_programs[0] if enough_programs else 4
     whole_k = triton.next_power_of_2(k)
+    if k >= LARGE_K and num_warps in (None, LARGE_K_WARPS):
+        # K of 4096 and more (8B-class models): 32 KiB tiles of 8 columns, 16 warps, no pipelining won the
+        # H100 sweep for every such projection and the LM head (3-8% over the rule below)
+        block_n = 8 if 8 in enough_programs else 4
+        block_k = min(LARGE_K_TILE // block_n, whole_k)
+        while block_k > 256 and k % block_k:
+            block_k //= 2
+        return GemvConfig(block_n, block_k, num_warps=LARGE_K_WARPS, num_stages=1)
     if num_warps is not None:
         tile = num_warps * 32 * VALUES_PER_THREAD
         one_step = [b for b in (16, 8, 4) if b * whole_k <= tile]

@@ -18,6 +18,7 @@ from infer_core.layers.fused.pdl import pdl_enter
 
 MAX_SINGLE_PASS = 16384  # rows longer than this are normalised in two passes over column chunks
 ROW_ELEMENTS = 2048  # rows of a short N are packed into one program up to about this many elements
+LARGE_ROW = 4096  # rows from this width run at 16 warps
 
 
 @triton.jit
@@ -113,6 +114,10 @@ def _tiles(n_cols: int, max_single_pass: int) -> tuple[int, int, bool, int]:
     block_n = triton.next_power_of_2(n_cols) if single else min(4096, triton.next_power_of_2(max_single_pass))
     block_m = max(1, ROW_ELEMENTS // block_n) if single else 1
     num_warps = max(1, min(16, block_m * block_n // 1024))  # ~32 elements a thread: best in a sweep on an H200
+    if block_n >= LARGE_ROW:
+        # 16 warps: the GEMV after the norm (qkv, gate_up of 8B-class models) is fastest at 16 on an H100
+        # (benchmarks/gemv.py --sweep), and it runs at the norm's warp count (gemv.config_after_rms_norm)
+        num_warps = 16
     return block_m, block_n, single, num_warps
 
 

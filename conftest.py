@@ -1,0 +1,24 @@
+"""Shared by the core suite and every plugin's suite (pytest reads the rootdir's conftest for all of them).
+
+GPU tests build engines that each size their KV cache from the GPU's free memory. One whose
+objects are still in a reference cycle when the next test starts would leave that test too little,
+so after every ``gpu`` test the cycles are collected and torch's cached blocks go back to the driver.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _release_gpu_memory(request):
+    yield
+    if request.node.get_closest_marker("gpu") is None:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        gc.collect()
+        torch.cuda.empty_cache()
