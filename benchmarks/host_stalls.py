@@ -247,7 +247,8 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
         elapsed = time.perf_counter() - start
         produced = sum(len(o.outputs[0].token_ids) for o in outputs)
         assert produced == workload.num_output_tokens, (produced, workload.num_output_tokens)
-        row = {"system": "infer", "label": args.label, "elapsed_s": round(elapsed, 3), "output_tokens": produced,
+        row = {"system": "infer", "label": args.label, "tokenizer": tokenizer, "block_size": engine.config.block_size,
+               "elapsed_s": round(elapsed, 3), "output_tokens": produced,
                "tracked_objects_before_run": heap, "gc_threshold_in_run": recorder.collector_in_run["threshold"],
                "frozen_objects_in_run": recorder.collector_in_run["frozen"], "overlap": engine.overlap,
                **summarize(recorder)}
