@@ -13,9 +13,15 @@ from infer_core.layers.sampler import SamplingBatch, sample
 
 pytestmark = pytest.mark.gpu
 
-_spec = importlib.util.spec_from_file_location("fused_checks", Path(__file__).with_name("fused_checks.py"))
-checks = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(checks)
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+checks = _load("fused_checks")
+kernel_checks = _load("kernel_checks")
 
 VOCAB = 151936  # Qwen3's
 
@@ -31,6 +37,43 @@ def test_ties_across_slices_on_cuda():
 
 def test_seeded_rows_ignore_the_batch_on_cuda():
     checks.check_seeded_rows_ignore_the_batch("cuda", VOCAB)
+
+
+@pytest.mark.parametrize("num_rows", [1, 7, 256])
+def test_argmax_matches_torch_at_real_shapes(num_rows):
+    kernel_checks.check_argmax_matches_torch("cuda", num_rows, VOCAB)
+
+
+@pytest.mark.parametrize("num_rows", [1, 5, 64])
+def test_split_plans_agree_at_real_shapes(num_rows):
+    kernel_checks.check_split_plans_agree("cuda", num_rows, VOCAB)
+
+
+def test_bounds_keep_the_winner_on_cuda():
+    """The fast log2 of the GPU (not the interpreter's exact one) inside the bound: still exact tokens."""
+    kernel_checks.check_bounds_keep_the_winner("cuda", VOCAB)
+
+
+def test_unseeded_rows_follow_the_generator_on_cuda():
+    kernel_checks.check_unseeded_rows_follow_the_generator("cuda", VOCAB)
+
+
+def test_sampling_is_one_launch():
+    """A temperature batch and a greedy batch each launch one kernel (no torch ops around it) on the device."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for num_rows in (1, 256):
+        logits = (torch.randn(num_rows, VOCAB, device="cuda") * 3).bfloat16()
+        for batch in (SamplingBatch(temperature=torch.full((num_rows,), 0.6, device="cuda"), all_greedy=False,
+                                    generator=torch.Generator(device="cuda").manual_seed(0)),
+                      SamplingBatch(temperature=None, all_greedy=True)):
+            sample(logits, batch)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                sample(logits, batch)
+                torch.cuda.synchronize()
+            kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            assert len(kernels) == 1 and "sample_kernel" in kernels[0], (num_rows, batch.all_greedy, kernels)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,6 +16,14 @@ import pytest
 pytest.importorskip("triton")
 
 CHECKS = Path(__file__).with_name("fused_checks.py")
+KERNEL_CHECKS = Path(__file__).with_name("kernel_checks.py")
+
+
+def _run_interpreted(script: Path, check: list[str]) -> None:
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    result = subprocess.run([sys.executable, "-W", "ignore", str(script), *check], capture_output=True, text=True,
+                            env=env, timeout=600)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("check", [
@@ -27,7 +35,14 @@ CHECKS = Path(__file__).with_name("fused_checks.py")
     ["low_precision_matches_float", "2", "9000"],
 ], ids=lambda c: "-".join(c))
 def test_fused_kernel_interpreted(check):
-    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    result = subprocess.run([sys.executable, str(CHECKS), *check], capture_output=True, text=True, env=env,
-                            timeout=600)
-    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
+    _run_interpreted(CHECKS, check)
+
+
+@pytest.mark.parametrize("check", [
+    ["argmax_matches_torch", "8", "5000"],  # 3 tiles: 1, 2 and 3 programs per row
+    ["split_plans_agree", "6", "5000"],
+    ["bounds_keep_the_winner", "3000"],
+    ["unseeded_rows_follow_the_generator", "2100"],
+], ids=lambda c: "-".join(c))
+def test_kernel_parts_interpreted(check):
+    _run_interpreted(KERNEL_CHECKS, check)

@@ -59,9 +59,8 @@ def key_token(key):
 
 @triton.jit
 def key_score(key):
-    """The score of a key as float32, with a greedy NaN as +inf (it beats every bound)."""
-    high = (key >> 32).to(tl.int32)
-    return tl.where(high == ORD_NAN_FIRST, float("inf"), _unordered(high))
+    """The score of a (sampled row's) key, as float32."""
+    return _unordered((key >> 32).to(tl.int32))
 
 
 @triton.jit
@@ -147,17 +146,17 @@ def bound_margin(bound):
 
 
 @triton.jit
-def exact_scores(logits, bits, temperature, is_greedy, SMALL_V: tl.constexpr):
-    """The old kernel's scores, operation for operation: ``z - log(q)`` (greedy rows: the logits)."""
+def exact_scores(logits, bits, temperature, SMALL_V: tl.constexpr):
+    """The old kernel's scores of a sampled row, operation for operation: ``z - log(q)``."""
     z = tl.math.div_rn(logits, tl.full(logits.shape, 1.0, tl.float32) * temperature)
     v = (bits.to(tl.float32) + 0.5) * 2.3283064365386963e-10  # (bits + 1/2) / 2**32, in (0, 1)
     series = v * (1.0 + v * (0.5 + v * (0.3333333432674408 + v * 0.25)))
     exponential = tl.where(v < SMALL_V, series, -tl.log(1.0 - v))
-    return tl.where(is_greedy, logits, z - tl.log(exponential))
+    return z - tl.log(exponential)
 
 
 @triton.jit
-def group_key(row_ptr, start, group, vocab_size, temperature, is_greedy, key, counter_hi, lo, hi, tau, floor_lo,
+def group_key(row_ptr, start, group, vocab_size, temperature, key, counter_hi, lo, hi, tau, floor_lo,
               HAS_THRESHOLD: tl.constexpr, HAS_MIN_P: tl.constexpr, SMALL_V: tl.constexpr,
               NUM_TILES: tl.constexpr, NUM_TILES_P2: tl.constexpr, TILE: tl.constexpr):
     """The best key among the tokens at counter ``group`` of every tile of this program, scored exactly."""
@@ -171,9 +170,9 @@ def group_key(row_ptr, start, group, vocab_size, temperature, is_greedy, key, co
         keep = keep & ((logits > hi) | ((logits >= lo) & (logits <= hi) & (offs <= tau)))
     if HAS_MIN_P:
         keep = keep & (logits >= floor_lo)
-    score = exact_scores(logits, noise_bits(key, counter_hi, counters.to(tl.int64)), temperature, is_greedy, SMALL_V)
+    score = exact_scores(logits, noise_bits(key, counter_hi, counters.to(tl.int64)), temperature, SMALL_V)
     score = tl.where(keep, score, float("-inf"))
-    return tl.max(score_key(score, offs, is_greedy))
+    return tl.max(score_key(score, offs, False))
 
 
 @triton.jit

@@ -11,9 +11,11 @@ bound can still beat the best score found, highest bound first: usually one or t
 hundred tokens. Exact means: a skipped group's every score is provably <= the best (see
 ``bound_margin``), and the winner is the old kernel's (highest score, lowest token on ties).
 
-Greedy batches take one pass of int64 keys (the argmax with torch's tie and NaN rules). Rows of a
-slice that is split combine in the same launch: each program stores its best key, and the last of
-a row's programs to finish (an atomic counter, reset by it for the next launch) writes the token.
+Greedy rows (a greedy batch, or rows at temperature 0 among sampled ones) take one pass of int64
+keys: the argmax with torch's rules (first maximum; a NaN is the maximum). Their top-k/top-p cut
+and min-p floor always keep the first maximum, so they need neither. The programs of a split row
+combine in the same launch: each stores its best key, and the last of the row's programs to finish
+(an atomic counter, which it resets for the next launch) writes the token.
 """
 
 from __future__ import annotations
@@ -41,13 +43,13 @@ from infer_core.layers.sampling.kernel_parts import (
 
 @triton.jit
 def _bounds(row_ptr, start, vocab_size, inv_temperature, key, counter_hi, lo, hi, floor_lo,
-            GREEDY: tl.constexpr, HAS_THRESHOLD: tl.constexpr, HAS_MIN_P: tl.constexpr,
-            NUM_TILES: tl.constexpr, TILE: tl.constexpr, FAST_LOG2: tl.constexpr):
+            HAS_THRESHOLD: tl.constexpr, HAS_MIN_P: tl.constexpr, NUM_TILES: tl.constexpr, TILE: tl.constexpr,
+            FAST_LOG2: tl.constexpr):
     """Pass A: per counter position the largest bound over the slice's tiles, and the slice's tie count."""
     NC: tl.constexpr = TILE // 4
-    # sampled rows start at -FLT_MAX: a logit whose z is finite but whose product with 1/t overflows
-    # has a bound of -inf, and its score (>= -FLT_MAX) is then still covered
-    acc = tl.full((NC, 4), float("-inf") if GREEDY else -FLT_MAX, tl.float32)
+    # start at -FLT_MAX, not -inf: a logit whose z is finite but whose product with 1/t overflows has
+    # a bound of -inf, and its score (>= -FLT_MAX) is then still covered
+    acc = tl.full((NC, 4), -FLT_MAX, tl.float32)
     ties = tl.zeros((NC, 4), tl.int32)
     offs = tile_offsets(start, NC)
     upcoming = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf"))
@@ -56,11 +58,8 @@ def _bounds(row_ptr, start, vocab_size, inv_temperature, key, counter_hi, lo, hi
         logits = upcoming.to(tl.float32)
         ahead = offs + TILE  # the next tile's load is in flight while this one is computed
         upcoming = tl.load(row_ptr + ahead, mask=(ahead < vocab_size) & (t + 1 < NUM_TILES), other=float("-inf"))
-        if GREEDY:
-            bound = tl.where(logits != logits, float("inf"), logits)  # a NaN is the greedy winner
-        else:
-            counters = ((start + t * TILE) // 4 + tl.arange(0, NC)).to(tl.int64)
-            bound = logits * inv_temperature + noise_bound(noise_bits(key, counter_hi, counters), FAST_LOG2)
+        counters = ((start + t * TILE) // 4 + tl.arange(0, NC)).to(tl.int64)
+        bound = logits * inv_temperature + noise_bound(noise_bits(key, counter_hi, counters), FAST_LOG2)
         if HAS_THRESHOLD:  # tokens below the cut score -inf (ties may be cut too: bounding them is safe)
             bound = tl.where(logits >= lo, bound, float("-inf"))
             ties += ((logits >= lo) & (logits <= hi) & (offs < vocab_size)).to(tl.int32)
@@ -72,18 +71,30 @@ def _bounds(row_ptr, start, vocab_size, inv_temperature, key, counter_hi, lo, hi
 
 @triton.jit
 def _argmax_keys(row_ptr, start, vocab_size, NUM_TILES: tl.constexpr, TILE: tl.constexpr):
-    """One pass: the best greedy key of the slice."""
+    """One pass: the best greedy key of the slice (first maximum; the first NaN if there is one)."""
     NC: tl.constexpr = TILE // 4
-    best = tl.full((NC, 4), KEY_NONE, tl.int64)
+    best = tl.full((NC, 4), float("-inf"), tl.float32)  # per position: the first largest value, and its tile
+    best_tile = tl.zeros((NC, 4), tl.int32)
+    nan_seen = tl.full((NC, 4), float("-inf"), tl.float32)
     offs = tile_offsets(start, NC)
     upcoming = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf"))
     for t in range(NUM_TILES):
-        offs = tile_offsets(start + t * TILE, NC)
         logits = upcoming.to(tl.float32)
-        ahead = offs + TILE
+        ahead = offs + (t + 1) * TILE
         upcoming = tl.load(row_ptr + ahead, mask=(ahead < vocab_size) & (t + 1 < NUM_TILES), other=float("-inf"))
-        best = tl.maximum(best, score_key(logits, offs, True))
-    return tl.max(tl.max(best, axis=1), axis=0)
+        better = logits > best  # strict: a later equal value keeps the first
+        best = tl.where(better, logits, best)
+        best_tile = tl.where(better, t, best_tile)
+        nan_seen = tl.maximum(nan_seen, logits, propagate_nan=tl.PropagateNan.ALL)
+    key = tl.max(tl.max(score_key(best, offs + best_tile * TILE, False), axis=1), axis=0)
+    if tl.max(tl.max((nan_seen != nan_seen).to(tl.int32), axis=1), axis=0) > 0:  # rare: find the first NaN
+        first = tl.full((NC, 4), 2147483647, tl.int32)
+        for t in range(NUM_TILES):
+            logits = tl.load(row_ptr + offs + t * TILE, mask=offs + t * TILE < vocab_size, other=0.0).to(tl.float32)
+            first = tl.minimum(first, tl.where(logits != logits, offs + t * TILE, 2147483647))
+        nan = tl.full((), float("nan"), tl.float32)
+        key = score_key(nan, tl.min(tl.min(first, axis=1), axis=0), True)
+    return key
 
 
 @triton.jit
@@ -131,11 +142,27 @@ def _sample_row(row, row_ptr, start, split, temperature_ptr, seed_ptr, position_
                 num_splits, HAS_SEEDS: tl.constexpr, HAS_MIN_P: tl.constexpr, HAS_THRESHOLD: tl.constexpr,
                 MIN_TEMPERATURE: tl.constexpr, SMALL_V: tl.constexpr, NUM_TILES: tl.constexpr,
                 NUM_TILES_P2: tl.constexpr, TILE: tl.constexpr, SPLITS_P2: tl.constexpr, FAST_LOG2: tl.constexpr):
-    """The best key of a sampled (or greedy, in a sampled batch) row's slice: pass A, then pass B."""
-    NC: tl.constexpr = TILE // 4
+    """The best key of one row's slice (greedy or sampled)."""
     temperature = tl.load(temperature_ptr + row)
-    is_greedy = temperature < MIN_TEMPERATURE
-    temperature = tl.where(is_greedy, 1.0, temperature)
+    if temperature < MIN_TEMPERATURE:
+        # a greedy row: the cut (at t = 1) and min-p always keep the first maximum, so it is the argmax
+        best_key = _argmax_keys(row_ptr, start, vocab_size, NUM_TILES, TILE)
+    else:
+        best_key = _sampled_key(row, row_ptr, start, split, temperature, seed_ptr, position_ptr, is_seeded_ptr,
+                                gen_seed, gen_counter, min_p_ptr, row_max_ptr, threshold_ptr, num_ties_ptr,
+                                tie_counts_ptr, vocab_size, num_splits, HAS_SEEDS, HAS_MIN_P, HAS_THRESHOLD, SMALL_V,
+                                NUM_TILES, NUM_TILES_P2, TILE, SPLITS_P2, FAST_LOG2)
+    return best_key
+
+
+@triton.jit
+def _sampled_key(row, row_ptr, start, split, temperature, seed_ptr, position_ptr, is_seeded_ptr, gen_seed,
+                 gen_counter, min_p_ptr, row_max_ptr, threshold_ptr, num_ties_ptr, tie_counts_ptr, vocab_size,
+                 num_splits, HAS_SEEDS: tl.constexpr, HAS_MIN_P: tl.constexpr, HAS_THRESHOLD: tl.constexpr,
+                 SMALL_V: tl.constexpr, NUM_TILES: tl.constexpr, NUM_TILES_P2: tl.constexpr, TILE: tl.constexpr,
+                 SPLITS_P2: tl.constexpr, FAST_LOG2: tl.constexpr):
+    """The best key of a sampled row's slice: pass A (bounds), then pass B (exact scores, best bound first)."""
+    NC: tl.constexpr = TILE // 4
     inv_temperature = tl.math.div_rn(1.0, temperature)
     # unseeded rows: a fresh key per launch from the generator's (seed, offset), position 0
     r0, r1, _, _ = tl.randint4x(gen_seed, (gen_counter << 32) | row.to(tl.int64))
@@ -154,12 +181,8 @@ def _sample_row(row, row_ptr, start, split, temperature_ptr, seed_ptr, position_
     if HAS_MIN_P:  # keep z >= z_max + log(min_p), i.e. p >= min_p * p_max
         floor = tl.math.div_rn(tl.load(row_max_ptr + row), temperature) + tl.log(tl.load(min_p_ptr + row))
         floor_lo = order_to_float(smallest_reaching(floor, temperature, False))
-    if is_greedy:
-        bounds, num_local_ties = _bounds(row_ptr, start, vocab_size, inv_temperature, key, counter_hi, lo, hi,
-                                         floor_lo, True, HAS_THRESHOLD, HAS_MIN_P, NUM_TILES, TILE, FAST_LOG2)
-    else:
-        bounds, num_local_ties = _bounds(row_ptr, start, vocab_size, inv_temperature, key, counter_hi, lo, hi,
-                                         floor_lo, False, HAS_THRESHOLD, HAS_MIN_P, NUM_TILES, TILE, FAST_LOG2)
+    bounds, num_local_ties = _bounds(row_ptr, start, vocab_size, inv_temperature, key, counter_hi, lo, hi, floor_lo,
+                                     HAS_THRESHOLD, HAS_MIN_P, NUM_TILES, TILE, FAST_LOG2)
     tau = tl.full((), 2147483647, tl.int32)  # ties kept up to this token
     if HAS_THRESHOLD:  # the first num_ties ties of the row (in token order) are kept
         needed = tl.load(num_ties_ptr + row)
@@ -174,15 +197,13 @@ def _sample_row(row, row_ptr, start, split, temperature_ptr, seed_ptr, position_
     best_key = tl.full((), KEY_NONE, tl.int64)
     best = tl.full((), float("-inf"), tl.float32)
     top, group = tl.max(bounds, axis=0, return_indices=True)
-    margin = tl.where(is_greedy, top, bound_margin(top))
-    while (top > float("-inf")) & (margin >= best):
-        candidate = group_key(row_ptr, start, group, vocab_size, temperature, is_greedy, key, counter_hi, lo, hi,
-                              tau, floor_lo, HAS_THRESHOLD, HAS_MIN_P, SMALL_V, NUM_TILES, NUM_TILES_P2, TILE)
+    while (top > float("-inf")) & (bound_margin(top) >= best):
+        candidate = group_key(row_ptr, start, group, vocab_size, temperature, key, counter_hi, lo, hi, tau, floor_lo,
+                              HAS_THRESHOLD, HAS_MIN_P, SMALL_V, NUM_TILES, NUM_TILES_P2, TILE)
         best_key = tl.maximum(best_key, candidate)
         best = key_score(best_key)
         bounds = tl.where(tl.arange(0, NC) == group, float("-inf"), bounds)
         top, group = tl.max(bounds, axis=0, return_indices=True)
-        margin = tl.where(is_greedy, top, bound_margin(top))
     return best_key
 
 
