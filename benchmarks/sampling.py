@@ -1,19 +1,29 @@
-"""Sampling on one GPU: the previous torch sampler against the fused one, same inputs, same run.
+"""Sampling on one GPU: the previous sampler ("old") against the current one ("new"), same inputs, same run.
 
-The previous ``sampler.py`` and ``sampling_inputs.py`` are loaded from git (``--old-ref``, by
-default the parent of the commit that introduced the fused path) into temporary modules. For
-each case and batch size: ``sample_us`` (GPU time of ``sample`` on a built batch, CUDA events),
-``build_us`` (host time of ``build_sampling_batch``) and ``step_us`` (host wall time of build +
-sample + the one copy of the token ids to the host, as the runner does each step).
+"old" is ``benchmarks/sampling_baseline/`` (the sampler and its fused kernel before the two-pass
+kernel), or the files at ``--old-ref`` in git. Logits are bfloat16 (the model's) at Qwen3's
+vocabulary. For each case and batch size:
 
-    python3 -m benchmarks.sampling [--out DIR] [--old-ref REF | --old-dir DIR] [--iters N]
+- ``gpu_us``: device time of one ``sample`` call, CUDA events around ``--iters`` calls queued
+  behind a sleeping kernel (so the host's launch time does not show);
+- ``host_us``: host time of one ``sample`` call (launching only, no wait);
+- ``step_us``: host wall time of build + sample + the copy of the token ids to the host, as the
+  runner does each step;
+- ``launches``: device operations (kernels, copies, fills) of one ``sample`` call;
+- ``same_tokens``: old and new pick the same tokens (greedy and seeded cases; unseeded rows draw
+  their keys differently now, so their tokens differ).
+
+    python3 -m benchmarks.sampling            # the offline-throughput and batch-1 cases
+    python3 -m benchmarks.sampling --all      # and top-k/top-p/min-p/seeded/penalties at 1, 64, 256 rows
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import subprocess
 import sys
+import tempfile
 import time
 import types
 from pathlib import Path
@@ -21,20 +31,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import write_result  # noqa: E402
 from infer_core import SamplingParams  # noqa: E402
 from infer_core.layers import sampler as new_sampler  # noqa: E402
-from infer_core.runner import sampling_inputs as new_inputs  # noqa: E402
+from infer_core.runner import sampling_inputs  # noqa: E402
 from infer_core.runner.state import RequestState  # noqa: E402
 
 VOCAB = 151936
-ROWS = (1, 64, 256)
+BASELINE = Path(__file__).resolve().parent / "sampling_baseline"
 PROMPT_LEN, OUTPUT_LEN = 128, 256  # token histories for the penalties case
+KEY_CASES = [("greedy", 1), ("temperature=0.6", 1), ("greedy", 256), ("temperature=0.6", 256)]
 CASES = {
     "greedy": dict(temperature=0.0),
-    "temperature": dict(temperature=0.7),
+    "temperature=0.6": dict(temperature=0.6),  # offline-throughput
     "top_k=50": dict(temperature=0.7, top_k=50),
     "top_p=0.9": dict(temperature=0.7, top_p=0.9),
     "top_k=50,top_p=0.9": dict(temperature=0.7, top_k=50, top_p=0.9),
@@ -44,30 +56,28 @@ CASES = {
 }
 
 
-def _git(*args: str) -> str:
-    root = Path(__file__).resolve().parent.parent
-    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout
+def _module_from_file(name: str, path: Path) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
-def default_old_ref() -> str:
-    added = _git("log", "--format=%H", "--diff-filter=A", "--", "infer_core/layers/sampling/philox.py").split()
-    return f"{added[-1]}~1"
-
-
-def load_old(ref: str, old_dir: Path | None = None) -> tuple[types.ModuleType, types.ModuleType]:
-    """The sampler and its batch builder as they were at ``ref`` (or as saved in ``old_dir``), as fresh modules."""
-    if old_dir is not None:
-        sampler_source = (old_dir / "sampler.py").read_text()
-        source = (old_dir / "sampling_inputs.py").read_text()
-    else:
-        sampler_source = _git("show", f"{ref}:infer_core/layers/sampler.py")
-        source = _git("show", f"{ref}:infer_core/runner/sampling_inputs.py")
-    sampler = sys.modules["old_sampler"] = types.ModuleType("old_sampler")
-    exec(compile(sampler_source, "old_sampler.py", "exec"), sampler.__dict__)
-    source = source.replace("from infer_core.layers.sampler import", "from old_sampler import")
-    inputs = sys.modules["old_sampling_inputs"] = types.ModuleType("old_sampling_inputs")
-    exec(compile(source, "old_sampling_inputs.py", "exec"), inputs.__dict__)
-    return sampler, inputs
+def load_old(ref: str | None) -> types.ModuleType:
+    """The previous sampler, wired to the previous kernel (a file: triton reads its kernels' source)."""
+    folder = BASELINE
+    if ref is not None:
+        folder = Path(tempfile.mkdtemp(prefix="old_sampler_"))
+        for name, path in (("fused.py", "infer_core/layers/sampling/fused.py"),
+                           ("sampler.py", "infer_core/layers/sampler.py")):
+            source = subprocess.run(["git", "show", f"{ref}:{path}"], cwd=ROOT, capture_output=True, text=True,
+                                    check=True).stdout
+            (folder / name).write_text(source)
+    old_fused = _module_from_file("old_sampling_fused", folder / "fused.py")
+    old = _module_from_file("old_sampler", folder / "sampler.py")
+    old._fused_kernels = lambda: old_fused
+    return old
 
 
 def make_states(num_rows: int, params: dict, rng: np.random.Generator) -> list[RequestState]:
@@ -79,67 +89,102 @@ def make_states(num_rows: int, params: dict, rng: np.random.Generator) -> list[R
     return states
 
 
-def time_case(sampler, inputs, states, logits, generator, iters: int) -> dict[str, float]:
-    device = logits.device
-
-    def build():
-        return inputs.build_sampling_batch(states, VOCAB, (), device, generator)
-
-    batch = build()
+def gpu_us(fn, iters: int) -> float:
+    """Device time per call: the calls are queued while a sleeping kernel holds the stream."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
     for _ in range(3):
-        sampler.sample(logits, batch).token_ids.cpu()
+        fn()
+    host_s = (time.perf_counter() - t0) / 3
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(int((host_s * iters * 2 + 2e-3) * 2e9))  # outlasts the launches (cycles at <= 2 GHz)
     start.record()
     for _ in range(iters):
-        sampler.sample(logits, batch)
+        fn()
     end.record()
     torch.cuda.synchronize()
-    sample_us = start.elapsed_time(end) / iters * 1e3
+    return start.elapsed_time(end) / iters * 1e3
+
+
+def host_us(fn, iters: int) -> float:
+    torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(iters):
-        build()
+        fn()
+    elapsed = time.perf_counter() - t0
     torch.cuda.synchronize()
-    build_us = (time.perf_counter() - t0) / iters * 1e6
+    return elapsed / iters * 1e6
+
+
+def launches(fn) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def time_case(sampler, states, logits, iters: int) -> tuple[dict, torch.Tensor]:
+    device = logits.device
+    generator = torch.Generator(device=device).manual_seed(0)
+
+    def build():
+        return sampling_inputs.build_sampling_batch(states, VOCAB, (), device, generator)
+
+    batch = build()
+    tokens = sampler.sample(logits, batch).token_ids.cpu()
+
+    def call():
+        return sampler.sample(logits, batch)
+
+    figures = dict(gpu_us=gpu_us(call, iters), host_us=host_us(call, iters), launches=launches(call))
     t0 = time.perf_counter()
     for _ in range(iters):
         sampler.sample(logits, build()).token_ids.cpu()
-    step_us = (time.perf_counter() - t0) / iters * 1e6
-    return dict(sample_us=round(sample_us, 1), build_us=round(build_us, 1), step_us=round(step_us, 1))
+    figures["step_us"] = (time.perf_counter() - t0) / iters * 1e6
+    return {k: round(v, 1) if isinstance(v, float) else v for k, v in figures.items()}, tokens
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results)")
-    parser.add_argument("--old-ref", default=None, help="git ref of the previous sampler")
-    parser.add_argument("--old-dir", type=Path, default=None,
-                        help="folder with the previous sampler.py and sampling_inputs.py (a checkout without history)")
-    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--old-ref", default=None, help="git ref of the previous sampler (default: sampling_baseline/)")
+    parser.add_argument("--all", action="store_true", help="every case at 1, 64 and 256 rows")
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--logit-scale", type=float, default=3.0, help="logits ~ N(0, scale^2), then bfloat16")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.sampling needs a CUDA device")
-    old_ref = args.old_ref or (str(args.old_dir) if args.old_dir else default_old_ref())
-    old_sampler, old_inputs = load_old(old_ref, args.old_dir)
+    old_sampler = load_old(args.old_ref)
     device = torch.device("cuda")
     rng = np.random.default_rng(0)
+    runs = [(case, rows) for rows in (1, 64, 256) for case in CASES] if args.all else KEY_CASES
     results = []
-    for num_rows in ROWS:
-        logits = torch.randn(num_rows, VOCAB, generator=torch.Generator().manual_seed(num_rows)).mul_(3).to(device)
-        for case, params in CASES.items():
-            states = make_states(num_rows, params, rng)
-            for system, sampler, inputs in (("old", old_sampler, old_inputs), ("new", new_sampler, new_inputs)):
-                generator = torch.Generator(device=device).manual_seed(0)
-                figures = time_case(sampler, inputs, states, logits, generator, args.iters)
-                results.append(dict(system=system, case=case, num_rows=num_rows, vocab_size=VOCAB, **figures))
-                print(f"{case:>20} R={num_rows:<4} {system}: {figures}", flush=True)
-    settings = dict(vocab_size=VOCAB, rows=list(ROWS), iters=args.iters, old_ref=old_ref,
-                    prompt_len=PROMPT_LEN, output_len=OUTPUT_LEN, cases=CASES)
+    for case, num_rows in runs:
+        logits = (torch.randn(num_rows, VOCAB, generator=torch.Generator().manual_seed(num_rows)) * args.logit_scale)
+        logits = logits.to(device=device, dtype=torch.bfloat16)
+        states = make_states(num_rows, CASES[case], rng)
+        row = dict(case=case, num_rows=num_rows, vocab_size=VOCAB)
+        old, old_tokens = time_case(old_sampler, states, logits, args.iters)
+        new, new_tokens = time_case(new_sampler, states, logits, args.iters)
+        same = bool(torch.equal(old_tokens, new_tokens)) if case in ("greedy", "seeded") else None
+        results += [dict(row, system="old", **old), dict(row, system="new", same_tokens=same, **new)]
+        print(f"{case:>20} R={num_rows:<4} old {old}  new {new}  same tokens {same}", flush=True)
+    settings = dict(vocab_size=VOCAB, dtype="bfloat16", iters=args.iters, logit_scale=args.logit_scale,
+                    old=args.old_ref or "benchmarks/sampling_baseline", cases={c: CASES[c] for c, _ in runs})
     path = write_result("sampling", settings, results, args.out)
-    table = ["| case | rows | old sample µs | new sample µs | speed-up | old step µs | new step µs |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    table = ["| case | rows | old GPU µs | new GPU µs | speed-up | old host µs | new host µs | old launches | "
+             "new launches | old step µs | new step µs | same tokens |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for old, new in zip(results[::2], results[1::2]):
-        table.append(f"| {old['case']} | {old['num_rows']} | {old['sample_us']} | {new['sample_us']} | "
-                     f"{old['sample_us'] / new['sample_us']:.1f}x | {old['step_us']} | {new['step_us']} |")
+        table.append(f"| {old['case']} | {old['num_rows']} | {old['gpu_us']} | {new['gpu_us']} | "
+                     f"{old['gpu_us'] / new['gpu_us']:.1f}x | {old['host_us']} | {new['host_us']} | "
+                     f"{old['launches']} | {new['launches']} | {old['step_us']} | {new['step_us']} | "
+                     f"{'-' if new['same_tokens'] is None else new['same_tokens']} |")
     text = "\n".join(table) + "\n"
     path.with_suffix(".md").write_text(text)
     print(text)

@@ -1,0 +1,223 @@
+# Baseline ("old") of benchmarks/sampling.py: infer_core/layers/sampler.py at commit 0ebf34c,
+# before the two-pass kernel.
+"""From logits to token ids: penalties, temperature, top-k, top-p, min-p, seeded sampling.
+
+Sampling uses the exponential race (``argmax(p / q)`` with ``q ~ Exp(1)``, equivalently the
+Gumbel-max ``argmax(z - log q)``), which draws from ``p`` exactly. A seeded request's ``q`` is
+counter-based Philox noise keyed by (seed, output position, token id), so its tokens do not
+depend on what else is in the batch, nor on whether it was preempted and resumed.
+
+On CUDA (with triton) one fused kernel does temperature, the top-k/top-p cut, min-p, the noise
+and the argmax (``sampling/fused.py``); the torch functions here are the reference it is tested
+against and the path on the CPU. Nothing here reads a device value on the host.
+
+The model's logits are often bfloat16. Every bf16/fp16 value is exactly a float32 value, so the
+greedy argmax, the top-k/top-p cut (which selects in the logits' dtype and widens what it kept)
+and the fused kernel (which widens in registers) read them as they are and pick the tokens that
+converting first would pick, without writing an [R, V] float32 copy. Penalties, banned tokens,
+logprobs and the torch path still convert to float32 first.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from infer_core.layers.sampling.philox import seed_key, seeded_exponential
+from infer_core.layers.sampling.thresholds import top_k_top_p_cut
+from infer_core.sampling_params import MIN_SAMPLING_TEMPERATURE
+
+_MAX_RANDOM_KEY = 1 << 62  # unseeded rows draw a fresh Philox key per step from the batch's generator
+# dtypes whose every value is a float32 value: argmax and the fused kernel need no float32 copy of them
+_WIDENS_EXACTLY = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@dataclass(slots=True)
+class SamplingBatch:
+    """Per-row sampling parameters of one step, as device tensors (None: not used this step)."""
+
+    temperature: torch.Tensor | None  # [R] float32, 0 (< MIN_SAMPLING_TEMPERATURE) marks greedy rows; None: all are
+    all_greedy: bool
+    top_k: torch.Tensor | None = None  # [R] int64, 0 = off
+    top_p: torch.Tensor | None = None  # [R] float32, 1 = off
+    min_p: torch.Tensor | None = None  # [R] float32, 0 = off
+    presence_penalty: torch.Tensor | None = None  # [R]
+    frequency_penalty: torch.Tensor | None = None  # [R]
+    repetition_penalty: torch.Tensor | None = None  # [R]
+    output_counts: torch.Tensor | None = None  # [R, V] float32 occurrences of each token in the output
+    seen_mask: torch.Tensor | None = None  # [R, V] bool, token in prompt or output
+    banned: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, token ids) masked (min_tokens)
+    generator: torch.Generator | None = None  # unseeded rows draw from it (the runner's, not torch's global)
+    # Seeded rows: ``seeds`` [R] int64 Philox keys (``seed_key(seed)``) with ``is_seeded`` [R] bool and
+    # ``positions`` [R] int64 (index of the output token being sampled). Lists (None = unseeded)
+    # are accepted too, for batches built by hand, and moved to the device in ``sample``.
+    seeds: torch.Tensor | list[int | None] | None = None
+    positions: torch.Tensor | list[int] | None = None
+    is_seeded: torch.Tensor | None = None
+    max_top_k: int | None = None  # host copy of the largest top_k, when every top-p row has a top_k
+    max_num_logprobs: int | None = None  # None: no row wants logprobs; 0: only the sampled token's
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    token_ids: torch.Tensor  # [R] int64
+    logprob: torch.Tensor | None = None  # [R] raw log-probability of the sampled token
+    rank: torch.Tensor | None = None  # [R] 1-based rank of the sampled token
+    top_ids: torch.Tensor | None = None  # [R, N]
+    top_logprobs: torch.Tensor | None = None  # [R, N]
+
+
+def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    if batch.repetition_penalty is not None and batch.seen_mask is not None:
+        penalty = batch.repetition_penalty.unsqueeze(1)
+        penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+        logits = torch.where(batch.seen_mask, penalized, logits)
+    if batch.output_counts is not None:
+        if batch.frequency_penalty is not None:
+            logits = logits - batch.frequency_penalty.unsqueeze(1) * batch.output_counts
+        if batch.presence_penalty is not None:
+            logits = logits - batch.presence_penalty.unsqueeze(1) * (batch.output_counts > 0).to(logits.dtype)
+    return logits
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    """Mask everything outside each row's top-k, then outside its top-p nucleus.
+
+    Ties are ranked by token id (a stable sort), so the kept set is defined even among equal logits.
+    """
+    sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
+    vocab = logits.shape[-1]
+    rank = torch.arange(vocab, device=logits.device).unsqueeze(0)
+    if top_k is not None:
+        k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab).unsqueeze(1)
+        sorted_logits = sorted_logits.masked_fill(rank >= k, float("-inf"))
+    if top_p is not None:
+        probs = sorted_logits.softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs
+        # top_p = 1 is off: a cumulative sum that rounds past 1 must not cut the tail
+        outside = (mass_before > top_p.unsqueeze(1)) & (rank > 0) & (top_p < 1).unsqueeze(1)
+        sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    probs = logits.softmax(dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def _seed_columns(batch: SamplingBatch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(keys int64, positions int64, is_seeded bool), each [R] on ``device``."""
+    if isinstance(batch.seeds, torch.Tensor):
+        return batch.seeds, batch.positions, batch.is_seeded
+    keys = [0 if seed is None else seed_key(seed) for seed in batch.seeds]
+    is_seeded = [seed is not None for seed in batch.seeds]
+    return (torch.tensor(keys, dtype=torch.int64, device=device),
+            torch.tensor(batch.positions, dtype=torch.int64, device=device),
+            torch.tensor(is_seeded, dtype=torch.bool, device=device))
+
+
+def _exponential_noise(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    q = torch.empty_like(probs).exponential_(generator=batch.generator)
+    if batch.seeds is None:
+        return q
+    keys, positions, is_seeded = _seed_columns(batch, probs.device)
+    if probs.device.type == "cpu":  # only the seeded rows: Philox in torch is ~100 ops per token
+        rows = is_seeded.nonzero().squeeze(1)
+        q[rows] = seeded_exponential(keys[rows], positions[rows], probs.shape[1])
+        return q
+    return torch.where(is_seeded.unsqueeze(1), seeded_exponential(keys, positions, probs.shape[1]), q)
+
+
+def _sample_reference(logits: torch.Tensor, batch: SamplingBatch, is_greedy: torch.Tensor) -> torch.Tensor:
+    """The torch path: scale, cut (sorting), renormalise, race against Exp(1) noise."""
+    temperature = torch.where(is_greedy, 1.0, batch.temperature).unsqueeze(1)
+    scaled = logits / temperature
+    if batch.top_k is not None or batch.top_p is not None:
+        scaled = apply_top_k_top_p(scaled, batch.top_k, batch.top_p)
+    if batch.min_p is not None:
+        scaled = apply_min_p(scaled, batch.min_p)
+    probs = scaled.softmax(dim=-1)
+    return (probs / _exponential_noise(probs, batch)).argmax(dim=-1)
+
+
+@functools.cache
+def _fused_kernels() -> ModuleType | None:
+    """The triton kernels module, or None where triton is not installed."""
+    try:
+        from infer_core.layers.sampling import fused
+    except ImportError:
+        return None
+    return fused
+
+
+def _noise_keys(batch: SamplingBatch, num_rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row Philox (key, position): the seed's for seeded rows, a fresh random key for the rest."""
+    keys = torch.randint(0, _MAX_RANDOM_KEY, (num_rows,), dtype=torch.int64, device=device,
+                         generator=batch.generator)
+    positions = torch.zeros(num_rows, dtype=torch.int64, device=device)
+    if batch.seeds is None:
+        return keys, positions
+    seeds, seed_positions, is_seeded = _seed_columns(batch, device)
+    return torch.where(is_seeded, seeds, keys), torch.where(is_seeded, seed_positions, positions)
+
+
+def _sample_fused(logits: torch.Tensor, batch: SamplingBatch, is_greedy: torch.Tensor, kernels) -> torch.Tensor:
+    threshold = num_ties = None
+    if batch.top_k is not None or batch.top_p is not None:
+        temperature = torch.where(is_greedy, 1.0, batch.temperature.float())
+        threshold, num_ties = top_k_top_p_cut(logits, temperature, batch.top_k, batch.top_p, batch.max_top_k)
+    keys, positions = _noise_keys(batch, logits.shape[0], logits.device)
+    min_p = None if batch.min_p is None else batch.min_p.float()
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()  # rows may be strided (a slice of a padded vocabulary); tokens may not
+    return kernels.fused_sample(logits, batch.temperature.float(), keys, positions, min_p, threshold, num_ties)
+
+
+def _has_penalties(batch: SamplingBatch) -> bool:
+    """Whether ``apply_penalties`` may change this batch's logits (then they are converted first)."""
+    return batch.output_counts is not None or (batch.repetition_penalty is not None and batch.seen_mask is not None)
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch, use_fused: bool | None = None) -> SamplerOutput:
+    """Sample one token per row of ``logits`` [R, V] (any float dtype; the model's, typically bfloat16).
+
+    The tokens are those of ``logits.float()``. bf16/fp16/fp32 logits are read as they are by the
+    greedy argmax and by the fused kernel when the batch has no penalties, banned tokens or
+    logprobs; otherwise (and on the torch path) they are converted to float32 first.
+    ``use_fused``: None picks the fused kernel on CUDA when triton is installed; False forces the
+    torch path; True forces the kernel (on CPU tensors too, under ``TRITON_INTERPRET=1``).
+    """
+    kernels = None
+    if use_fused or (use_fused is None and logits.is_cuda):
+        kernels = _fused_kernels()
+        if kernels is None and use_fused:
+            raise RuntimeError("sample(use_fused=True) needs triton: pip install triton")
+    reads_as_is = (logits.dtype in _WIDENS_EXACTLY and (batch.all_greedy or kernels is not None)
+                   and batch.max_num_logprobs is None and batch.banned is None and not _has_penalties(batch))
+    if not reads_as_is:
+        logits = logits.float()
+    out = SamplerOutput(token_ids=torch.empty(0))
+    raw_logprobs = logits.log_softmax(dim=-1) if batch.max_num_logprobs is not None else None
+    if batch.banned is not None:
+        rows, cols = batch.banned
+        logits = logits.index_put((rows, cols), logits.new_full((), float("-inf")))  # a fill, not a host copy
+    logits = apply_penalties(logits, batch)
+    if batch.all_greedy:
+        token_ids = logits.argmax(dim=-1)
+    elif kernels is not None:
+        is_greedy = batch.temperature < MIN_SAMPLING_TEMPERATURE
+        token_ids = _sample_fused(logits, batch, is_greedy, kernels)
+    else:
+        is_greedy = batch.temperature < MIN_SAMPLING_TEMPERATURE
+        token_ids = torch.where(is_greedy, logits.argmax(dim=-1), _sample_reference(logits, batch, is_greedy))
+    out.token_ids = token_ids
+    if raw_logprobs is not None:
+        out.logprob = raw_logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)
+        out.rank = (raw_logprobs > out.logprob.unsqueeze(1)).sum(dim=-1) + 1
+        if batch.max_num_logprobs:
+            out.top_logprobs, out.top_ids = raw_logprobs.topk(batch.max_num_logprobs, dim=-1)
+    return out
