@@ -169,6 +169,22 @@ def check_unseeded_rows_follow_the_generator(device: str, vocab: int) -> None:
     assert len(tokens) == 1
 
 
+def check_place_tokens(device: str, num_rows: int) -> None:
+    """The next step's input ids take the sampled tokens: the index_select + cast + index_put_ it replaces."""
+    from infer_core.layers.sampling.placement import place_tokens
+
+    generator = torch.Generator().manual_seed(num_rows)
+    for index_dtype in (torch.int32, torch.int64):
+        input_ids = torch.randint(0, 1000, (num_rows * 3 + 5,), generator=generator, dtype=torch.int32).to(device)
+        sampled = torch.randint(0, 151936, (num_rows + 2,), generator=generator).to(device)
+        dst = torch.randperm(len(input_ids), generator=generator)[:num_rows].to(index_dtype).to(device)
+        src = torch.randperm(len(sampled), generator=generator)[:num_rows].to(index_dtype).to(device)
+        expected = input_ids.clone()
+        expected.index_put_((dst.long(),), sampled.index_select(0, src).to(torch.int32))
+        place_tokens(input_ids, dst, sampled, src)
+        assert torch.equal(input_ids, expected), (input_ids - expected).nonzero()[:5]
+
+
 if __name__ == "__main__":
     name, *args = sys.argv[1:]
     globals()[f"check_{name}"]("cuda" if torch.cuda.is_available() else "cpu", *map(int, args))

@@ -10,6 +10,11 @@ import pytest
 import torch
 
 from infer_core.layers.sampler import SamplingBatch, sample
+from infer_core.layers.sampling.philox import philox_uint32, seed_key
+
+triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
+kernel_parts = pytest.importorskip("infer_core.layers.sampling.kernel_parts")
 
 pytestmark = pytest.mark.gpu
 
@@ -39,6 +44,23 @@ def test_seeded_rows_ignore_the_batch_on_cuda():
     checks.check_seeded_rows_ignore_the_batch("cuda", VOCAB)
 
 
+@triton.jit(do_not_specialize=["key", "position"])
+def _noise_bits_kernel(out_ptr, key: tl.int64, position: tl.int64, NC: tl.constexpr, NATIVE: tl.constexpr):
+    bits = kernel_parts.noise_bits(key, position, tl.arange(0, NC), NATIVE)
+    tl.store(out_ptr + tl.arange(0, NC)[:, None] * 4 + tl.arange(0, 4)[None, :], bits.to(tl.int64))
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["mul.wide", "randint4x"])
+def test_noise_bits_match_the_torch_philox(native):
+    """The kernel's Philox (inline PTX on the GPU) draws what philox.py draws, token for token."""
+    for seed in (0, 1, -7, 2**63 + 5):
+        for position in (0, 3, 2**32 - 1):
+            out = torch.empty(4096, dtype=torch.int64, device="cuda")
+            _noise_bits_kernel[(1,)](out, seed_key(seed), position, NC=1024, NATIVE=native)
+            expected = philox_uint32(torch.tensor([seed_key(seed)]), torch.tensor([position]), 4096)[0]
+            assert torch.equal(out.cpu(), expected), (seed, position)
+
+
 @pytest.mark.parametrize("num_rows", [1, 7, 256])
 def test_argmax_matches_torch_at_real_shapes(num_rows):
     kernel_checks.check_argmax_matches_torch("cuda", num_rows, VOCAB)
@@ -56,6 +78,11 @@ def test_bounds_keep_the_winner_on_cuda():
 
 def test_unseeded_rows_follow_the_generator_on_cuda():
     kernel_checks.check_unseeded_rows_follow_the_generator("cuda", VOCAB)
+
+
+@pytest.mark.parametrize("num_rows", [1, 256, 1500])
+def test_place_tokens_on_cuda(num_rows):
+    kernel_checks.check_place_tokens("cuda", num_rows)
 
 
 def test_sampling_is_one_launch():

@@ -115,7 +115,7 @@ def _launch(logits: torch.Tensor, *, all_greedy: bool, temperature=None, generat
         ALL_GREEDY=all_greedy, HAS_SEEDS=seeds is not None, HAS_MIN_P=min_p is not None,
         HAS_THRESHOLD=threshold is not None, MIN_TEMPERATURE=MIN_SAMPLING_TEMPERATURE, SMALL_V=SMALL_V,
         NUM_TILES=num_tiles, NUM_TILES_P2=triton.next_power_of_2(num_tiles), TILE=TILE, SPLITS_P2=splits_p2,
-        FAST_LOG2=not triton.knobs.runtime.interpret, num_warps=NUM_WARPS,
+        NATIVE=not triton.knobs.runtime.interpret, num_warps=NUM_WARPS,
     )
     return out
 

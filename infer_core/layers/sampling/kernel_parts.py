@@ -15,12 +15,17 @@ from triton.language.extra import libdevice
 # (constexpr: the only module globals a compiled kernel may read)
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
 LN2 = tl.constexpr(0.6931471805599453)
+LOG2E = tl.constexpr(1.4426950408889634)
 ORD_NEG_INF = tl.constexpr(-2139095041)  # _ordered(-inf)
 ORD_POS_INF = tl.constexpr(2139095040)  # _ordered(+inf)
 ORD_NAN_FIRST = tl.constexpr(2147483647)  # above every float: a greedy row's NaN (torch's argmax takes the first)
 LOW_TOKEN = tl.constexpr(2147483647)  # low word of a key: LOW_TOKEN - token
 # key(-inf, token 0): a row whose every score is -inf samples token 0, as the old kernel and torch did
 KEY_NONE = tl.constexpr(-2139095041 * 4294967296 + 2147483647)
+PHILOX_ROUND_A = tl.constexpr(0xD2511F53)
+PHILOX_ROUND_B = tl.constexpr(0xCD9E8D57)
+PHILOX_KEY_A = tl.constexpr(0x9E3779B9)
+PHILOX_KEY_B = tl.constexpr(0xBB67AE85)
 
 
 @triton.jit
@@ -113,26 +118,62 @@ def tile_offsets(tile_start, NC: tl.constexpr):
 
 
 @triton.jit
-def noise_bits(key, counter_hi, counters):
-    """[N, 4] uint32 draws: token ``4c + j`` takes output ``j`` of Philox counter (c, position)."""
-    r0, r1, r2, r3 = tl.randint4x(key, counter_hi + counters)
+def _mul_wide(a, multiplier):
+    """(high, low) 32-bit words of ``a * multiplier``, one ``mul.wide.u32`` (an IMAD.WIDE, not IMAD.HI + IMAD)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b64 wide; mul.wide.u32 wide, $2, $3; mov.b64 {$1, $0}, wide; }", "=r,=r,r,r",
+        [a, tl.full(a.shape, multiplier, tl.uint32)], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1)
+
+
+@triton.jit
+def _philox(key, counter_lo, counter_hi, NATIVE: tl.constexpr):
+    """Philox4x32-10 of counters (counter_lo, counter_hi, 0, 0) under ``key``: ``tl.randint4x``'s rounds."""
+    if NATIVE:
+        key = key.to(tl.uint64, bitcast=True)
+        k0 = (key & 0xFFFFFFFF).to(tl.uint32)
+        k1 = (key >> 32).to(tl.uint32)
+        c0 = counter_lo.to(tl.uint32)
+        c1 = tl.zeros_like(c0) + counter_hi.to(tl.uint32)
+        c2 = tl.zeros_like(c0)
+        c3 = tl.zeros_like(c0)
+        for _ in tl.static_range(10):
+            hi_b, lo_b = _mul_wide(c2, PHILOX_ROUND_B)
+            hi_a, lo_a = _mul_wide(c0, PHILOX_ROUND_A)
+            c0 = hi_b ^ c1 ^ k0
+            c2 = hi_a ^ c3 ^ k1
+            c1 = lo_b
+            c3 = lo_a
+            k0 = k0 + PHILOX_KEY_A
+            k1 = k1 + PHILOX_KEY_B
+        return c0, c1, c2, c3
+    return tl.randint4x(key, (counter_hi.to(tl.int64) << 32) + counter_lo)
+
+
+@triton.jit
+def noise_bits(key, position, counters, NATIVE: tl.constexpr):
+    """[N, 4] uint32 draws: token ``4c + j`` takes output ``j`` of Philox counter (c, position).
+
+    NATIVE (compiled for the GPU): the rounds with ``mul.wide`` inline PTX; the interpreter runs
+    ``tl.randint4x``, the same rounds.
+    """
+    r0, r1, r2, r3 = _philox(key, counters, position, NATIVE)
     j = tl.arange(0, 4)[None, :]
     return tl.where(j == 0, r0[:, None], tl.where(j == 1, r1[:, None], tl.where(j == 2, r2[:, None], r3[:, None])))
 
 
 @triton.jit
-def noise_bound(bits, FAST_LOG2: tl.constexpr):
-    """An upper bound of ``-log(q)`` for the Exp(1) draw ``q`` of ``bits``, from one fast log2.
+def noise_bound(bits, NATIVE: tl.constexpr):
+    """An upper bound of ``-log2(q)`` for the Exp(1) draw ``q`` of ``bits``, from one fast log2.
 
     ``q >= v >= u`` with ``u`` = the top 23 bits over 2**23 (``q = -log(1 - v) >= v`` and the
-    series branch is ``v`` times a factor >= 1), so ``-log(u) >= -log(q)``; ``u == 0`` gives +inf.
-    FAST_LOG2: the GPU's approximate log2 (one MUFU instruction; its error is in ``bound_margin``);
+    series branch is ``v`` times a factor >= 1), so ``-log2(u) >= -log2(q)``; ``u == 0`` gives +inf.
+    NATIVE: the GPU's approximate log2 (one MUFU instruction; its error is in ``bound_margin``);
     the interpreter, which runs no libdevice, takes the exact one.
     """
     u = ((bits >> 9) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
-    if FAST_LOG2:
-        return libdevice.fast_log2f(u) * -LN2
-    return tl.log2(u) * -LN2
+    if NATIVE:
+        return -libdevice.fast_log2f(u)
+    return -tl.log2(u)
 
 
 @triton.jit
@@ -156,9 +197,9 @@ def exact_scores(logits, bits, temperature, SMALL_V: tl.constexpr):
 
 
 @triton.jit
-def group_key(row_ptr, start, group, vocab_size, temperature, key, counter_hi, lo, hi, tau, floor_lo,
+def group_key(row_ptr, start, group, vocab_size, temperature, key, position, lo, hi, tau, floor_lo,
               HAS_THRESHOLD: tl.constexpr, HAS_MIN_P: tl.constexpr, SMALL_V: tl.constexpr,
-              NUM_TILES: tl.constexpr, NUM_TILES_P2: tl.constexpr, TILE: tl.constexpr):
+              NUM_TILES: tl.constexpr, NUM_TILES_P2: tl.constexpr, TILE: tl.constexpr, NATIVE: tl.constexpr):
     """The best key among the tokens at counter ``group`` of every tile of this program, scored exactly."""
     tile = tl.arange(0, NUM_TILES_P2)
     counters = (start + tile * TILE) // 4 + group
@@ -170,7 +211,7 @@ def group_key(row_ptr, start, group, vocab_size, temperature, key, counter_hi, l
         keep = keep & ((logits > hi) | ((logits >= lo) & (logits <= hi) & (offs <= tau)))
     if HAS_MIN_P:
         keep = keep & (logits >= floor_lo)
-    score = exact_scores(logits, noise_bits(key, counter_hi, counters.to(tl.int64)), temperature, SMALL_V)
+    score = exact_scores(logits, noise_bits(key, position, counters, NATIVE), temperature, SMALL_V)
     score = tl.where(keep, score, float("-inf"))
     return tl.max(score_key(score, offs, False))
 

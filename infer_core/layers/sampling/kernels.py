@@ -26,6 +26,8 @@ import triton.language as tl
 from infer_core.layers.sampling.kernel_parts import (
     FLT_MAX,
     KEY_NONE,
+    LN2,
+    LOG2E,
     bound_margin,
     group_key,
     key_score,
@@ -42,13 +44,18 @@ from infer_core.layers.sampling.kernel_parts import (
 
 
 @triton.jit
-def _bounds(row_ptr, start, vocab_size, inv_temperature, key, counter_hi, lo, hi, floor_lo,
+def _bounds(row_ptr, start, vocab_size, temperature, key, position, lo, hi, floor_lo,
             HAS_THRESHOLD: tl.constexpr, HAS_MIN_P: tl.constexpr, NUM_TILES: tl.constexpr, TILE: tl.constexpr,
-            FAST_LOG2: tl.constexpr):
-    """Pass A: per counter position the largest bound over the slice's tiles, and the slice's tie count."""
+            NATIVE: tl.constexpr):
+    """Pass A: per counter position the largest bound over the slice's tiles, and the slice's tie count.
+
+    Bounds are in log2 units inside the loop (``logits * (log2(e) / t) - log2(u)``: one FMA per
+    token) and converted to natural ones per position at the end.
+    """
     NC: tl.constexpr = TILE // 4
-    # start at -FLT_MAX, not -inf: a logit whose z is finite but whose product with 1/t overflows has
-    # a bound of -inf, and its score (>= -FLT_MAX) is then still covered
+    inv_temperature_log2 = tl.math.div_rn(1.0, temperature) * LOG2E
+    # start at -FLT_MAX, not -inf: a logit whose z is finite but whose product with log2(e) / t
+    # overflows has a bound of -inf, and its score (>= -FLT_MAX * ln 2 there) is then still covered
     acc = tl.full((NC, 4), -FLT_MAX, tl.float32)
     ties = tl.zeros((NC, 4), tl.int32)
     offs = tile_offsets(start, NC)
@@ -58,15 +65,15 @@ def _bounds(row_ptr, start, vocab_size, inv_temperature, key, counter_hi, lo, hi
         logits = upcoming.to(tl.float32)
         ahead = offs + TILE  # the next tile's load is in flight while this one is computed
         upcoming = tl.load(row_ptr + ahead, mask=(ahead < vocab_size) & (t + 1 < NUM_TILES), other=float("-inf"))
-        counters = ((start + t * TILE) // 4 + tl.arange(0, NC)).to(tl.int64)
-        bound = logits * inv_temperature + noise_bound(noise_bits(key, counter_hi, counters), FAST_LOG2)
+        counters = (start + t * TILE) // 4 + tl.arange(0, NC)
+        bound = logits * inv_temperature_log2 + noise_bound(noise_bits(key, position, counters, NATIVE), NATIVE)
         if HAS_THRESHOLD:  # tokens below the cut score -inf (ties may be cut too: bounding them is safe)
             bound = tl.where(logits >= lo, bound, float("-inf"))
             ties += ((logits >= lo) & (logits <= hi) & (offs < vocab_size)).to(tl.int32)
         if HAS_MIN_P:
             bound = tl.where(logits >= floor_lo, bound, float("-inf"))
         acc = tl.maximum(acc, bound)  # NaN bounds (NaN logits, or -inf + inf) are skipped: those score -inf
-    return tl.max(acc, axis=1), tl.sum(tl.sum(ties, axis=1), axis=0)
+    return tl.max(acc, axis=1) * LN2, tl.sum(tl.sum(ties, axis=1), axis=0)
 
 
 @triton.jit
@@ -122,7 +129,7 @@ def sample_kernel(logits_ptr, stride, out_ptr, partial_ptr, counter_ptr, tempera
                   ALL_GREEDY: tl.constexpr, HAS_SEEDS: tl.constexpr, HAS_MIN_P: tl.constexpr,
                   HAS_THRESHOLD: tl.constexpr, MIN_TEMPERATURE: tl.constexpr, SMALL_V: tl.constexpr,
                   NUM_TILES: tl.constexpr, NUM_TILES_P2: tl.constexpr, TILE: tl.constexpr,
-                  SPLITS_P2: tl.constexpr, FAST_LOG2: tl.constexpr):
+                  SPLITS_P2: tl.constexpr, NATIVE: tl.constexpr):
     row, split = tl.program_id(0), tl.program_id(1)
     row_ptr = logits_ptr + row.to(tl.int64) * stride
     start = split * (NUM_TILES * TILE)
@@ -132,7 +139,7 @@ def sample_kernel(logits_ptr, stride, out_ptr, partial_ptr, counter_ptr, tempera
         best_key = _sample_row(row, row_ptr, start, split, temperature_ptr, seed_ptr, position_ptr, is_seeded_ptr,
                                gen_seed, gen_counter, min_p_ptr, row_max_ptr, threshold_ptr, num_ties_ptr,
                                tie_counts_ptr, vocab_size, num_splits, HAS_SEEDS, HAS_MIN_P, HAS_THRESHOLD,
-                               MIN_TEMPERATURE, SMALL_V, NUM_TILES, NUM_TILES_P2, TILE, SPLITS_P2, FAST_LOG2)
+                               MIN_TEMPERATURE, SMALL_V, NUM_TILES, NUM_TILES_P2, TILE, SPLITS_P2, NATIVE)
     _finish(best_key, row, split, out_ptr, partial_ptr, counter_ptr, num_splits, SPLITS_P2)
 
 
@@ -141,7 +148,7 @@ def _sample_row(row, row_ptr, start, split, temperature_ptr, seed_ptr, position_
                 gen_counter, min_p_ptr, row_max_ptr, threshold_ptr, num_ties_ptr, tie_counts_ptr, vocab_size,
                 num_splits, HAS_SEEDS: tl.constexpr, HAS_MIN_P: tl.constexpr, HAS_THRESHOLD: tl.constexpr,
                 MIN_TEMPERATURE: tl.constexpr, SMALL_V: tl.constexpr, NUM_TILES: tl.constexpr,
-                NUM_TILES_P2: tl.constexpr, TILE: tl.constexpr, SPLITS_P2: tl.constexpr, FAST_LOG2: tl.constexpr):
+                NUM_TILES_P2: tl.constexpr, TILE: tl.constexpr, SPLITS_P2: tl.constexpr, NATIVE: tl.constexpr):
     """The best key of one row's slice (greedy or sampled)."""
     temperature = tl.load(temperature_ptr + row)
     if temperature < MIN_TEMPERATURE:
@@ -151,7 +158,7 @@ def _sample_row(row, row_ptr, start, split, temperature_ptr, seed_ptr, position_
         best_key = _sampled_key(row, row_ptr, start, split, temperature, seed_ptr, position_ptr, is_seeded_ptr,
                                 gen_seed, gen_counter, min_p_ptr, row_max_ptr, threshold_ptr, num_ties_ptr,
                                 tie_counts_ptr, vocab_size, num_splits, HAS_SEEDS, HAS_MIN_P, HAS_THRESHOLD, SMALL_V,
-                                NUM_TILES, NUM_TILES_P2, TILE, SPLITS_P2, FAST_LOG2)
+                                NUM_TILES, NUM_TILES_P2, TILE, SPLITS_P2, NATIVE)
     return best_key
 
 
@@ -160,10 +167,9 @@ def _sampled_key(row, row_ptr, start, split, temperature, seed_ptr, position_ptr
                  gen_counter, min_p_ptr, row_max_ptr, threshold_ptr, num_ties_ptr, tie_counts_ptr, vocab_size,
                  num_splits, HAS_SEEDS: tl.constexpr, HAS_MIN_P: tl.constexpr, HAS_THRESHOLD: tl.constexpr,
                  SMALL_V: tl.constexpr, NUM_TILES: tl.constexpr, NUM_TILES_P2: tl.constexpr, TILE: tl.constexpr,
-                 SPLITS_P2: tl.constexpr, FAST_LOG2: tl.constexpr):
+                 SPLITS_P2: tl.constexpr, NATIVE: tl.constexpr):
     """The best key of a sampled row's slice: pass A (bounds), then pass B (exact scores, best bound first)."""
     NC: tl.constexpr = TILE // 4
-    inv_temperature = tl.math.div_rn(1.0, temperature)
     # unseeded rows: a fresh key per launch from the generator's (seed, offset), position 0
     r0, r1, _, _ = tl.randint4x(gen_seed, (gen_counter << 32) | row.to(tl.int64))
     key = r0.to(tl.int64) | (r1.to(tl.int64) << 32)
@@ -172,7 +178,6 @@ def _sampled_key(row, row_ptr, start, split, temperature, seed_ptr, position_ptr
         is_seeded = tl.load(is_seeded_ptr + row) != 0
         key = tl.where(is_seeded, tl.load(seed_ptr + row), key)
         position = tl.where(is_seeded, tl.load(position_ptr + row), position)
-    counter_hi = position << 32
     lo = tl.zeros((), tl.float32)
     hi = tl.zeros((), tl.float32)
     floor_lo = tl.zeros((), tl.float32)
@@ -181,8 +186,8 @@ def _sampled_key(row, row_ptr, start, split, temperature, seed_ptr, position_ptr
     if HAS_MIN_P:  # keep z >= z_max + log(min_p), i.e. p >= min_p * p_max
         floor = tl.math.div_rn(tl.load(row_max_ptr + row), temperature) + tl.log(tl.load(min_p_ptr + row))
         floor_lo = order_to_float(smallest_reaching(floor, temperature, False))
-    bounds, num_local_ties = _bounds(row_ptr, start, vocab_size, inv_temperature, key, counter_hi, lo, hi, floor_lo,
-                                     HAS_THRESHOLD, HAS_MIN_P, NUM_TILES, TILE, FAST_LOG2)
+    bounds, num_local_ties = _bounds(row_ptr, start, vocab_size, temperature, key, position, lo, hi, floor_lo,
+                                     HAS_THRESHOLD, HAS_MIN_P, NUM_TILES, TILE, NATIVE)
     tau = tl.full((), 2147483647, tl.int32)  # ties kept up to this token
     if HAS_THRESHOLD:  # the first num_ties ties of the row (in token order) are kept
         needed = tl.load(num_ties_ptr + row)
@@ -198,8 +203,8 @@ def _sampled_key(row, row_ptr, start, split, temperature, seed_ptr, position_ptr
     best = tl.full((), float("-inf"), tl.float32)
     top, group = tl.max(bounds, axis=0, return_indices=True)
     while (top > float("-inf")) & (bound_margin(top) >= best):
-        candidate = group_key(row_ptr, start, group, vocab_size, temperature, key, counter_hi, lo, hi, tau, floor_lo,
-                              HAS_THRESHOLD, HAS_MIN_P, SMALL_V, NUM_TILES, NUM_TILES_P2, TILE)
+        candidate = group_key(row_ptr, start, group, vocab_size, temperature, key, position, lo, hi, tau, floor_lo,
+                              HAS_THRESHOLD, HAS_MIN_P, SMALL_V, NUM_TILES, NUM_TILES_P2, TILE, NATIVE)
         best_key = tl.maximum(best_key, candidate)
         best = key_score(best_key)
         bounds = tl.where(tl.arange(0, NC) == group, float("-inf"), bounds)
