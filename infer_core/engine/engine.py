@@ -7,6 +7,9 @@ With overlapped scheduling (``async_scheduling``, where executor, scheduler and 
 allow it) ``step`` launches step N+1 before it reads step N's tokens: the host's scheduling, input
 preparation and output processing then run while the device computes. A request that stopped in
 step N has one more token computed in step N+1, which is dropped.
+
+While it has requests in progress the engine keeps Python's garbage collector off the heap that
+existed when they began (``engine/gc_policy.py``): a full pass over it stalled a step by 0.25 s.
 """
 
 from __future__ import annotations
