@@ -5,9 +5,11 @@ Gumbel-max ``argmax(z - log q)``), which draws from ``p`` exactly. A seeded requ
 counter-based Philox noise keyed by (seed, output position, token id), so its tokens do not
 depend on what else is in the batch, nor on whether it was preempted and resumed.
 
-On CUDA (with triton) one fused kernel does temperature, the top-k/top-p cut, min-p, the noise
-and the argmax (``sampling/fused.py``); the torch functions here are the reference it is tested
-against and the path on the CPU. Nothing here reads a device value on the host.
+On CUDA (with triton) one kernel launch does temperature, the top-k/top-p cut, min-p, the noise
+(unseeded rows' keys too, from the generator's seed and offset) and the argmax, and a greedy
+batch is one launch of its argmax (``sampling/fused.py``); the torch functions here are the
+reference they are tested against and the path on the CPU. Nothing here reads a device value on
+the host.
 
 The model's logits are often bfloat16. Every bf16/fp16 value is exactly a float32 value, so the
 greedy argmax, the top-k/top-p cut (which selects in the logits' dtype and widens what it kept)
@@ -36,7 +38,9 @@ _WIDENS_EXACTLY = (torch.bfloat16, torch.float16, torch.float32)
 class SamplingBatch:
     """Per-row sampling parameters of one step, as device tensors (None: not used this step)."""
 
-    temperature: torch.Tensor | None  # [R] float32, 0 (< MIN_SAMPLING_TEMPERATURE) marks greedy rows; None: all are
+    # [R] float32, 0 (< MIN_SAMPLING_TEMPERATURE) marks greedy rows; a float: every row's (no host-to-device
+    # copy: the kernel takes it as an argument); None: every row is greedy
+    temperature: torch.Tensor | float | None
     all_greedy: bool
     top_k: torch.Tensor | None = None  # [R] int64, 0 = off
     top_p: torch.Tensor | None = None  # [R] float32, 1 = off
@@ -129,9 +133,17 @@ def _exponential_noise(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tenso
     return torch.where(is_seeded.unsqueeze(1), seeded_exponential(keys, positions, probs.shape[1]), q)
 
 
-def _sample_reference(logits: torch.Tensor, batch: SamplingBatch, is_greedy: torch.Tensor) -> torch.Tensor:
+def temperature_column(batch: SamplingBatch, num_rows: int, device: torch.device) -> torch.Tensor:
+    """``batch.temperature`` as an [R] tensor (a float is every row's)."""
+    if isinstance(batch.temperature, torch.Tensor):
+        return batch.temperature
+    return torch.full((num_rows,), float(batch.temperature), dtype=torch.float32, device=device)
+
+
+def _sample_reference(logits: torch.Tensor, batch: SamplingBatch, temperature: torch.Tensor,
+                      is_greedy: torch.Tensor) -> torch.Tensor:
     """The torch path: scale, cut (sorting), renormalise, race against Exp(1) noise."""
-    temperature = torch.where(is_greedy, 1.0, batch.temperature).unsqueeze(1)
+    temperature = torch.where(is_greedy, 1.0, temperature).unsqueeze(1)
     scaled = logits / temperature
     if batch.top_k is not None or batch.top_p is not None:
         scaled = apply_top_k_top_p(scaled, batch.top_k, batch.top_p)
@@ -153,8 +165,9 @@ def _fused_kernels() -> ModuleType | None:
 
 def _sample_fused(logits: torch.Tensor, batch: SamplingBatch, kernels) -> torch.Tensor:
     threshold = num_ties = None
-    temperature = batch.temperature.float()
+    temperature = batch.temperature.float() if isinstance(batch.temperature, torch.Tensor) else batch.temperature
     if batch.top_k is not None or batch.top_p is not None:
+        temperature = temperature_column(batch, logits.shape[0], logits.device).float()
         cut_temperature = torch.where(temperature < MIN_SAMPLING_TEMPERATURE, 1.0, temperature)  # greedy: 1
         threshold, num_ties = top_k_top_p_cut(logits, cut_temperature, batch.top_k, batch.top_p, batch.max_top_k)
     seeds = positions = is_seeded = None
@@ -206,8 +219,10 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, use_fused: bool | None = 
     elif kernels is not None:
         token_ids = _sample_fused(logits, batch, kernels)
     else:
-        is_greedy = batch.temperature < MIN_SAMPLING_TEMPERATURE
-        token_ids = torch.where(is_greedy, logits.argmax(dim=-1), _sample_reference(logits, batch, is_greedy))
+        temperature = temperature_column(batch, logits.shape[0], logits.device)
+        is_greedy = temperature < MIN_SAMPLING_TEMPERATURE
+        token_ids = torch.where(is_greedy, logits.argmax(dim=-1),
+                                _sample_reference(logits, batch, temperature, is_greedy))
     out.token_ids = token_ids
     if raw_logprobs is not None:
         out.logprob = raw_logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)

@@ -107,8 +107,14 @@ def build_sampling_batch(
                           [p.seed is not None for p in distinct]], dtype=np.int64)[:, index]
         int_columns += [seeds[0], np.array(_output_positions(states), dtype=np.int64), seeds[1]]
     ints = np.stack(int_columns)
-    floats_d = to_device(floats, device)
-    batch = SamplingBatch(temperature=floats_d[0], all_greedy=all_greedy, generator=generator)
+    only = distinct[0]
+    if len(distinct) == 1 and not (all_greedy or only.top_k > 0 or only.top_p < 1 or only.min_p > 0
+                                   or only.has_penalties):
+        # every row samples at one temperature and nothing else needs per-row floats: no copy at all
+        batch = SamplingBatch(temperature=float(floats[0, 0]), all_greedy=False, generator=generator)
+    else:
+        floats_d = to_device(floats, device)
+        batch = SamplingBatch(temperature=floats_d[0], all_greedy=all_greedy, generator=generator)
     if not all_greedy:
         use_top_k, use_top_p = any(p.top_k > 0 for p in distinct), any(p.top_p < 1 for p in distinct)
         if use_top_k or seeded:

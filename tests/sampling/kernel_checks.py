@@ -169,6 +169,22 @@ def check_unseeded_rows_follow_the_generator(device: str, vocab: int) -> None:
     assert len(tokens) == 1
 
 
+def check_uniform_temperature(device: str, vocab: int) -> None:
+    """One temperature for every row, as a float (no column copied to the device): the column's tokens."""
+    generator = torch.Generator().manual_seed(vocab + 1)
+    num_rows = 5
+    logits = (torch.randn(num_rows, vocab, generator=generator) * 3).bfloat16().to(device)
+    column = _seeded_batch(torch.full((num_rows,), 0.6), generator, device)
+    uniform = SamplingBatch(**{name: getattr(column, name) for name in SamplingBatch.__slots__})
+    uniform.temperature = 0.6
+    tokens = sample(logits, uniform, use_fused=True).token_ids
+    assert torch.equal(tokens, sample(logits, column, use_fused=True).token_ids)
+    assert torch.equal(tokens, sample(logits, uniform, use_fused=False).token_ids)
+    for splits in _split_plans(vocab):
+        assert torch.equal(fused.fused_sample(logits, 0.6, None, uniform.seeds, uniform.positions,
+                                              uniform.is_seeded, num_splits=splits), tokens)
+
+
 def check_place_tokens(device: str, num_rows: int) -> None:
     """The next step's input ids take the sampled tokens: the index_select + cast + index_put_ it replaces."""
     from infer_core.layers.sampling.placement import place_tokens

@@ -80,6 +80,10 @@ def test_unseeded_rows_follow_the_generator_on_cuda():
     kernel_checks.check_unseeded_rows_follow_the_generator("cuda", VOCAB)
 
 
+def test_uniform_temperature_on_cuda():
+    kernel_checks.check_uniform_temperature("cuda", VOCAB)
+
+
 @pytest.mark.parametrize("num_rows", [1, 256, 1500])
 def test_place_tokens_on_cuda(num_rows):
     kernel_checks.check_place_tokens("cuda", num_rows)

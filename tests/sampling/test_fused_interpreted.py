@@ -43,6 +43,7 @@ def test_fused_kernel_interpreted(check):
     ["split_plans_agree", "6", "5000"],
     ["bounds_keep_the_winner", "3000"],
     ["unseeded_rows_follow_the_generator", "2100"],
+    ["uniform_temperature", "5000"],
     ["place_tokens", "1500"],  # more rows than one loop iteration
 ], ids=lambda c: "-".join(c))
 def test_kernel_parts_interpreted(check):

@@ -173,6 +173,21 @@ def test_batch_columns_and_seeds():
     assert build_sampling_batch(states, 16, eos_token_ids=(), device=torch.device("cpu")).max_top_k is None
 
 
+def test_one_shared_temperature_is_a_float_and_copies_nothing():
+    """LLM.generate's batches (one SamplingParams) carry their temperature as a float; mixed ones a column."""
+    shared = SamplingParams(temperature=0.6)
+    states = [RequestState(f"r{i}", [1, 2, 3], 2, shared, [], 2) for i in range(4)]
+    batch = build_sampling_batch(states, 16, eos_token_ids=(), device=torch.device("cpu"))
+    assert batch.temperature == pytest.approx(0.6) and isinstance(batch.temperature, float)
+    assert batch.top_p is None and batch.min_p is None and not batch.all_greedy
+    tokens = sample(torch.randn(4, 16), batch).token_ids  # the torch path expands it
+    assert tokens.shape == (4,)
+    for other in (SamplingParams(temperature=0.6, top_p=0.9), SamplingParams(temperature=0.7)):
+        mixed = build_sampling_batch(states + [RequestState("x", [1], 1, other, [], 1)], 16, eos_token_ids=(),
+                                     device=torch.device("cpu"))
+        assert isinstance(mixed.temperature, torch.Tensor) and len(mixed.temperature) == 5
+
+
 def test_list_and_tensor_seeds_sample_the_same():
     generator = torch.Generator().manual_seed(8)
     logits = torch.randn(6, 300, generator=generator)

@@ -104,15 +104,18 @@ def _launch(logits: torch.Tensor, *, all_greedy: bool, temperature=None, generat
     if not all_greedy:
         gen_seed, gen_counter = generator_base(generator, device)
         if threshold is not None and num_splits > 1:
+            assert isinstance(temperature, torch.Tensor), "a cut needs the temperature column"
             tie_counts = torch.empty(num_rows, num_splits, dtype=torch.int32, device=device)
             count_ties_kernel[grid](logits, logits.stride(0), temperature, threshold, tie_counts, vocab_size,
                                     num_splits, MIN_TEMPERATURE=MIN_SAMPLING_TEMPERATURE, NUM_TILES=num_tiles,
                                     TILE=TILE, num_warps=NUM_WARPS)
     row_max = logits.amax(dim=1).float() if min_p is not None else None  # exact: the max is one of the values
+    uniform = temperature is not None and not isinstance(temperature, torch.Tensor)
     sample_kernel[grid](
-        logits, logits.stride(0), out, partial, counters, temperature, seeds, positions, is_seeded, gen_seed,
-        gen_counter, min_p, row_max, threshold, num_ties, tie_counts, vocab_size, num_splits,
-        ALL_GREEDY=all_greedy, HAS_SEEDS=seeds is not None, HAS_MIN_P=min_p is not None,
+        logits, logits.stride(0), out, partial, counters, None if uniform else temperature,
+        float(temperature) if uniform else 1.0, seeds, positions, is_seeded, gen_seed, gen_counter, min_p, row_max,
+        threshold, num_ties, tie_counts, vocab_size, num_splits,
+        ALL_GREEDY=all_greedy, UNIFORM_TEMPERATURE=uniform, HAS_SEEDS=seeds is not None, HAS_MIN_P=min_p is not None,
         HAS_THRESHOLD=threshold is not None, MIN_TEMPERATURE=MIN_SAMPLING_TEMPERATURE, SMALL_V=SMALL_V,
         NUM_TILES=num_tiles, NUM_TILES_P2=triton.next_power_of_2(num_tiles), TILE=TILE, SPLITS_P2=splits_p2,
         NATIVE=not triton.knobs.runtime.interpret, num_warps=NUM_WARPS,
@@ -125,14 +128,16 @@ def fused_argmax(logits: torch.Tensor, num_splits: int | None = None) -> torch.T
     return _launch(logits, all_greedy=True, num_splits=num_splits)
 
 
-def fused_sample(logits: torch.Tensor, temperature: torch.Tensor, generator: torch.Generator | None = None,
+def fused_sample(logits: torch.Tensor, temperature: torch.Tensor | float,
+                 generator: torch.Generator | None = None,
                  seeds: torch.Tensor | None = None, positions: torch.Tensor | None = None,
                  is_seeded: torch.Tensor | None = None, min_p: torch.Tensor | None = None,
                  threshold: torch.Tensor | None = None, num_ties: torch.Tensor | None = None,
                  num_splits: int | None = None) -> torch.Tensor:
     """Sampled token ids [R] int64 of ``logits`` [R, V] (bfloat16, float16 or float32; unit stride along V).
 
-    ``temperature`` [R] float32 (below MIN_SAMPLING_TEMPERATURE: greedy row). Seeded rows
+    ``temperature`` [R] float32, or one float for every row (below MIN_SAMPLING_TEMPERATURE:
+    greedy; a cut needs the column). Seeded rows
     (``is_seeded`` [R] bool) use ``seeds`` [R] int64 Philox keys at ``positions`` [R] int64; the
     others a key drawn from ``generator``. ``threshold`` [R] float32 / ``num_ties`` [R] int32
     describe each row's top-k/top-p set in scaled-logit space (see ``thresholds.py``); ``min_p``

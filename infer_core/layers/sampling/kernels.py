@@ -123,10 +123,11 @@ def _finish(best_key, row, split, out_ptr, partial_ptr, counter_ptr, num_splits,
 
 
 @triton.jit(do_not_specialize=["gen_seed", "gen_counter"])
-def sample_kernel(logits_ptr, stride, out_ptr, partial_ptr, counter_ptr, temperature_ptr,
+def sample_kernel(logits_ptr, stride, out_ptr, partial_ptr, counter_ptr, temperature_ptr, temperature_value,
                   seed_ptr, position_ptr, is_seeded_ptr, gen_seed: tl.int64, gen_counter: tl.int64,
                   min_p_ptr, row_max_ptr, threshold_ptr, num_ties_ptr, tie_counts_ptr, vocab_size, num_splits,
-                  ALL_GREEDY: tl.constexpr, HAS_SEEDS: tl.constexpr, HAS_MIN_P: tl.constexpr,
+                  ALL_GREEDY: tl.constexpr, UNIFORM_TEMPERATURE: tl.constexpr, HAS_SEEDS: tl.constexpr,
+                  HAS_MIN_P: tl.constexpr,
                   HAS_THRESHOLD: tl.constexpr, MIN_TEMPERATURE: tl.constexpr, SMALL_V: tl.constexpr,
                   NUM_TILES: tl.constexpr, NUM_TILES_P2: tl.constexpr, TILE: tl.constexpr,
                   SPLITS_P2: tl.constexpr, NATIVE: tl.constexpr):
@@ -136,7 +137,11 @@ def sample_kernel(logits_ptr, stride, out_ptr, partial_ptr, counter_ptr, tempera
     if ALL_GREEDY:
         best_key = _argmax_keys(row_ptr, start, vocab_size, NUM_TILES, TILE)
     else:
-        best_key = _sample_row(row, row_ptr, start, split, temperature_ptr, seed_ptr, position_ptr, is_seeded_ptr,
+        if UNIFORM_TEMPERATURE:
+            temperature = temperature_value
+        else:
+            temperature = tl.load(temperature_ptr + row)
+        best_key = _sample_row(row, row_ptr, start, split, temperature, seed_ptr, position_ptr, is_seeded_ptr,
                                gen_seed, gen_counter, min_p_ptr, row_max_ptr, threshold_ptr, num_ties_ptr,
                                tie_counts_ptr, vocab_size, num_splits, HAS_SEEDS, HAS_MIN_P, HAS_THRESHOLD,
                                MIN_TEMPERATURE, SMALL_V, NUM_TILES, NUM_TILES_P2, TILE, SPLITS_P2, NATIVE)
@@ -144,13 +149,12 @@ def sample_kernel(logits_ptr, stride, out_ptr, partial_ptr, counter_ptr, tempera
 
 
 @triton.jit
-def _sample_row(row, row_ptr, start, split, temperature_ptr, seed_ptr, position_ptr, is_seeded_ptr, gen_seed,
+def _sample_row(row, row_ptr, start, split, temperature, seed_ptr, position_ptr, is_seeded_ptr, gen_seed,
                 gen_counter, min_p_ptr, row_max_ptr, threshold_ptr, num_ties_ptr, tie_counts_ptr, vocab_size,
                 num_splits, HAS_SEEDS: tl.constexpr, HAS_MIN_P: tl.constexpr, HAS_THRESHOLD: tl.constexpr,
                 MIN_TEMPERATURE: tl.constexpr, SMALL_V: tl.constexpr, NUM_TILES: tl.constexpr,
                 NUM_TILES_P2: tl.constexpr, TILE: tl.constexpr, SPLITS_P2: tl.constexpr, NATIVE: tl.constexpr):
     """The best key of one row's slice (greedy or sampled)."""
-    temperature = tl.load(temperature_ptr + row)
     if temperature < MIN_TEMPERATURE:
         # a greedy row: the cut (at t = 1) and min-p always keep the first maximum, so it is the argmax
         best_key = _argmax_keys(row_ptr, start, vocab_size, NUM_TILES, TILE)
