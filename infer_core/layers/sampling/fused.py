@@ -18,7 +18,7 @@ import functools
 import torch
 import triton
 
-from infer_core.layers.sampling.kernels import count_ties_kernel, sample_kernel
+from infer_core.layers.sampling.kernels import argmax_kernel, count_ties_kernel, sample_kernel
 from infer_core.layers.sampling.philox import SMALL_V, seed_key
 from infer_core.sampling_params import MIN_SAMPLING_TEMPERATURE
 
@@ -85,47 +85,35 @@ def generator_base(generator: torch.Generator | None, device: torch.device) -> t
     return int(torch.randint(0, 1 << 62, (1,), generator=generator)), 0
 
 
-def _launch(logits: torch.Tensor, *, all_greedy: bool, temperature=None, generator=None, seeds=None,
-            positions=None, is_seeded=None, min_p=None, threshold=None, num_ties=None,
-            num_splits: int | None = None) -> torch.Tensor:
-    num_rows, vocab_size = logits.shape
-    assert logits.dtype in LOGITS_DTYPES and logits.stride(1) == 1, (logits.dtype, logits.stride())
-    device = logits.device
-    num_splits, num_tiles = plan_splits(num_rows, vocab_size, _num_sms(device.index), num_splits)
-    splits_p2 = triton.next_power_of_2(num_splits)
+@functools.lru_cache(maxsize=64)
+def _plan(num_rows: int, vocab_size: int, device_index: int | None, num_splits: int | None) -> tuple[int, int]:
+    return plan_splits(num_rows, vocab_size, _num_sms(device_index), num_splits)
+
+
+def _outputs(logits: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(token ids, per-program best keys, the row counters); the last two only for split rows."""
+    num_rows, device = logits.shape[0], logits.device
     out = torch.empty(num_rows, dtype=torch.int64, device=device)
-    partial = counters = None
-    if num_splits > 1:
-        partial = torch.empty(num_rows, num_splits, dtype=torch.int64, device=device)
-        counters = _COUNTERS.get(device, num_rows)
-    grid = (num_rows, num_splits)
-    gen_seed = gen_counter = 0
-    tie_counts = None
-    if not all_greedy:
-        gen_seed, gen_counter = generator_base(generator, device)
-        if threshold is not None and num_splits > 1:
-            assert isinstance(temperature, torch.Tensor), "a cut needs the temperature column"
-            tie_counts = torch.empty(num_rows, num_splits, dtype=torch.int32, device=device)
-            count_ties_kernel[grid](logits, logits.stride(0), temperature, threshold, tie_counts, vocab_size,
-                                    num_splits, MIN_TEMPERATURE=MIN_SAMPLING_TEMPERATURE, NUM_TILES=num_tiles,
-                                    TILE=TILE, num_warps=NUM_WARPS)
-    row_max = logits.amax(dim=1).float() if min_p is not None else None  # exact: the max is one of the values
-    uniform = temperature is not None and not isinstance(temperature, torch.Tensor)
-    sample_kernel[grid](
-        logits, logits.stride(0), out, partial, counters, None if uniform else temperature,
-        float(temperature) if uniform else 1.0, seeds, positions, is_seeded, gen_seed, gen_counter, min_p, row_max,
-        threshold, num_ties, tie_counts, vocab_size, num_splits,
-        ALL_GREEDY=all_greedy, UNIFORM_TEMPERATURE=uniform, HAS_SEEDS=seeds is not None, HAS_MIN_P=min_p is not None,
-        HAS_THRESHOLD=threshold is not None, MIN_TEMPERATURE=MIN_SAMPLING_TEMPERATURE, SMALL_V=SMALL_V,
-        NUM_TILES=num_tiles, NUM_TILES_P2=triton.next_power_of_2(num_tiles), TILE=TILE, SPLITS_P2=splits_p2,
-        NATIVE=not triton.knobs.runtime.interpret, num_warps=NUM_WARPS,
-    )
-    return out
+    if num_splits == 1:
+        return out, None, None
+    partial = torch.empty(num_rows, num_splits, dtype=torch.int64, device=device)
+    return out, partial, _COUNTERS.get(device, num_rows)
+
+
+def _check(logits: torch.Tensor) -> None:
+    assert logits.dtype in LOGITS_DTYPES and logits.stride(1) == 1, (logits.dtype, logits.stride())
 
 
 def fused_argmax(logits: torch.Tensor, num_splits: int | None = None) -> torch.Tensor:
     """Each row's argmax [R] int64 (the first maximum; a NaN counts as the maximum, as torch.argmax says)."""
-    return _launch(logits, all_greedy=True, num_splits=num_splits)
+    _check(logits)
+    num_rows, vocab_size = logits.shape
+    num_splits, num_tiles = _plan(num_rows, vocab_size, logits.device.index, num_splits)
+    out, partial, counters = _outputs(logits, num_splits)
+    argmax_kernel[(num_rows, num_splits)](logits, logits.stride(0), out, partial, counters, vocab_size, num_splits,
+                                          NUM_TILES=num_tiles, TILE=TILE,
+                                          SPLITS_P2=triton.next_power_of_2(num_splits), num_warps=NUM_WARPS)
+    return out
 
 
 def fused_sample(logits: torch.Tensor, temperature: torch.Tensor | float,
@@ -137,14 +125,37 @@ def fused_sample(logits: torch.Tensor, temperature: torch.Tensor | float,
     """Sampled token ids [R] int64 of ``logits`` [R, V] (bfloat16, float16 or float32; unit stride along V).
 
     ``temperature`` [R] float32, or one float for every row (below MIN_SAMPLING_TEMPERATURE:
-    greedy; a cut needs the column). Seeded rows
-    (``is_seeded`` [R] bool) use ``seeds`` [R] int64 Philox keys at ``positions`` [R] int64; the
-    others a key drawn from ``generator``. ``threshold`` [R] float32 / ``num_ties`` [R] int32
-    describe each row's top-k/top-p set in scaled-logit space (see ``thresholds.py``); ``min_p``
-    [R] float32 (0 = off). ``num_splits`` overrides the slices per row (tests).
+    greedy; a cut needs the column). Seeded rows (``is_seeded`` [R] bool) use ``seeds`` [R] int64
+    Philox keys at ``positions`` [R] int64; the others a key drawn from ``generator``.
+    ``threshold`` [R] float32 / ``num_ties`` [R] int32 describe each row's top-k/top-p set in
+    scaled-logit space (see ``thresholds.py``); ``min_p`` [R] float32 (0 = off). ``num_splits``
+    overrides the slices per row (tests).
     """
+    _check(logits)
     if seeds is not None:
         assert positions is not None and is_seeded is not None
-    return _launch(logits, all_greedy=False, temperature=temperature, generator=generator, seeds=seeds,
-                   positions=positions, is_seeded=is_seeded, min_p=min_p, threshold=threshold,
-                   num_ties=num_ties, num_splits=num_splits)
+    num_rows, vocab_size = logits.shape
+    device = logits.device
+    num_splits, num_tiles = _plan(num_rows, vocab_size, device.index, num_splits)
+    out, partial, counters = _outputs(logits, num_splits)
+    grid = (num_rows, num_splits)
+    gen_seed, gen_counter = generator_base(generator, device)
+    tie_counts = None
+    if threshold is not None and num_splits > 1:
+        assert isinstance(temperature, torch.Tensor), "a cut needs the temperature column"
+        tie_counts = torch.empty(num_rows, num_splits, dtype=torch.int32, device=device)
+        count_ties_kernel[grid](logits, logits.stride(0), temperature, threshold, tie_counts, vocab_size, num_splits,
+                                MIN_TEMPERATURE=MIN_SAMPLING_TEMPERATURE, NUM_TILES=num_tiles, TILE=TILE,
+                                num_warps=NUM_WARPS)
+    row_max = logits.amax(dim=1).float() if min_p is not None else None  # exact: the max is one of the values
+    uniform = not isinstance(temperature, torch.Tensor)
+    sample_kernel[grid](
+        logits, logits.stride(0), out, partial, counters, None if uniform else temperature,
+        float(temperature) if uniform else 1.0, seeds, positions, is_seeded, gen_seed, gen_counter, min_p, row_max,
+        threshold, num_ties, tie_counts, vocab_size, num_splits,
+        UNIFORM_TEMPERATURE=uniform, HAS_SEEDS=seeds is not None, HAS_MIN_P=min_p is not None,
+        HAS_THRESHOLD=threshold is not None, MIN_TEMPERATURE=MIN_SAMPLING_TEMPERATURE, SMALL_V=SMALL_V,
+        NUM_TILES=num_tiles, NUM_TILES_P2=triton.next_power_of_2(num_tiles), TILE=TILE,
+        SPLITS_P2=triton.next_power_of_2(num_splits), NATIVE=not triton.knobs.runtime.interpret, num_warps=NUM_WARPS,
+    )
+    return out

@@ -122,29 +122,36 @@ def _finish(best_key, row, split, out_ptr, partial_ptr, counter_ptr, num_splits,
             tl.store(counter_ptr + row, 0)  # ready for the next launch
 
 
+@triton.jit
+def argmax_kernel(logits_ptr, stride, out_ptr, partial_ptr, counter_ptr, vocab_size, num_splits,
+                  NUM_TILES: tl.constexpr, TILE: tl.constexpr, SPLITS_P2: tl.constexpr):
+    """A greedy batch: each row's first maximum (few arguments: the launch is what a batch-1 step pays for)."""
+    row, split = tl.program_id(0), tl.program_id(1)
+    start = split * (NUM_TILES * TILE)
+    best_key = _argmax_keys(logits_ptr + row.to(tl.int64) * stride, start, vocab_size, NUM_TILES, TILE)
+    _finish(best_key, row, split, out_ptr, partial_ptr, counter_ptr, num_splits, SPLITS_P2)
+
+
 @triton.jit(do_not_specialize=["gen_seed", "gen_counter"])
 def sample_kernel(logits_ptr, stride, out_ptr, partial_ptr, counter_ptr, temperature_ptr, temperature_value,
                   seed_ptr, position_ptr, is_seeded_ptr, gen_seed: tl.int64, gen_counter: tl.int64,
                   min_p_ptr, row_max_ptr, threshold_ptr, num_ties_ptr, tie_counts_ptr, vocab_size, num_splits,
-                  ALL_GREEDY: tl.constexpr, UNIFORM_TEMPERATURE: tl.constexpr, HAS_SEEDS: tl.constexpr,
-                  HAS_MIN_P: tl.constexpr,
+                  UNIFORM_TEMPERATURE: tl.constexpr, HAS_SEEDS: tl.constexpr, HAS_MIN_P: tl.constexpr,
                   HAS_THRESHOLD: tl.constexpr, MIN_TEMPERATURE: tl.constexpr, SMALL_V: tl.constexpr,
                   NUM_TILES: tl.constexpr, NUM_TILES_P2: tl.constexpr, TILE: tl.constexpr,
                   SPLITS_P2: tl.constexpr, NATIVE: tl.constexpr):
+    """A sampled batch (greedy rows among sampled ones included)."""
     row, split = tl.program_id(0), tl.program_id(1)
     row_ptr = logits_ptr + row.to(tl.int64) * stride
     start = split * (NUM_TILES * TILE)
-    if ALL_GREEDY:
-        best_key = _argmax_keys(row_ptr, start, vocab_size, NUM_TILES, TILE)
+    if UNIFORM_TEMPERATURE:
+        temperature = temperature_value
     else:
-        if UNIFORM_TEMPERATURE:
-            temperature = temperature_value
-        else:
-            temperature = tl.load(temperature_ptr + row)
-        best_key = _sample_row(row, row_ptr, start, split, temperature, seed_ptr, position_ptr, is_seeded_ptr,
-                               gen_seed, gen_counter, min_p_ptr, row_max_ptr, threshold_ptr, num_ties_ptr,
-                               tie_counts_ptr, vocab_size, num_splits, HAS_SEEDS, HAS_MIN_P, HAS_THRESHOLD,
-                               MIN_TEMPERATURE, SMALL_V, NUM_TILES, NUM_TILES_P2, TILE, SPLITS_P2, NATIVE)
+        temperature = tl.load(temperature_ptr + row)
+    best_key = _sample_row(row, row_ptr, start, split, temperature, seed_ptr, position_ptr, is_seeded_ptr,
+                           gen_seed, gen_counter, min_p_ptr, row_max_ptr, threshold_ptr, num_ties_ptr,
+                           tie_counts_ptr, vocab_size, num_splits, HAS_SEEDS, HAS_MIN_P, HAS_THRESHOLD,
+                           MIN_TEMPERATURE, SMALL_V, NUM_TILES, NUM_TILES_P2, TILE, SPLITS_P2, NATIVE)
     _finish(best_key, row, split, out_ptr, partial_ptr, counter_ptr, num_splits, SPLITS_P2)
 
 
