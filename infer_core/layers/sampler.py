@@ -178,6 +178,28 @@ def _sample_fused(logits: torch.Tensor, batch: SamplingBatch, kernels) -> torch.
                                 min_p, threshold, num_ties)
 
 
+@functools.cache
+def _placement() -> ModuleType | None:
+    try:
+        from infer_core.layers.sampling import placement
+    except ImportError:
+        return None
+    return placement
+
+
+def place_sampled_tokens(input_ids: torch.Tensor, dst: torch.Tensor, sampled: torch.Tensor, src: torch.Tensor) -> None:
+    """``input_ids[dst] = sampled[src]`` (the previous step's tokens into this step's inputs, on the device).
+
+    On CUDA one kernel (``sampling/placement.py``) instead of torch's index_select, cast and
+    index_put_; elsewhere those torch ops.
+    """
+    placement = _placement() if input_ids.is_cuda else None
+    if placement is not None:
+        placement.place_tokens(input_ids, dst, sampled, src)
+    else:
+        input_ids.index_put_((dst,), sampled.index_select(0, src).to(input_ids.dtype))
+
+
 def _unit_stride(logits: torch.Tensor) -> torch.Tensor:
     """Rows may be strided (a slice of a padded vocabulary); tokens within a row may not."""
     return logits if logits.stride(1) == 1 else logits.contiguous()

@@ -89,6 +89,23 @@ def test_place_tokens_on_cuda(num_rows):
     kernel_checks.check_place_tokens("cuda", num_rows)
 
 
+def test_place_sampled_tokens_is_one_launch():
+    from torch.profiler import ProfilerActivity, profile
+
+    from infer_core.layers.sampler import place_sampled_tokens
+
+    input_ids = torch.zeros(8, dtype=torch.int32, device="cuda")
+    dst, src = torch.tensor([3], dtype=torch.int32, device="cuda"), torch.tensor([0], dtype=torch.int32, device="cuda")
+    sampled = torch.tensor([151000], device="cuda")
+    place_sampled_tokens(input_ids, dst, sampled, src)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        place_sampled_tokens(input_ids, dst, sampled, src)
+        torch.cuda.synchronize()
+    assert len([e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]) == 1
+    assert input_ids.tolist() == [0, 0, 0, 151000, 0, 0, 0, 0]
+
+
 def test_sampling_is_one_launch():
     """A temperature batch and a greedy batch each launch one kernel on the device (no torch ops, no copies)."""
     from torch.profiler import ProfilerActivity, profile

@@ -188,6 +188,15 @@ def test_one_shared_temperature_is_a_float_and_copies_nothing():
         assert isinstance(mixed.temperature, torch.Tensor) and len(mixed.temperature) == 5
 
 
+def test_place_sampled_tokens_on_the_cpu():
+    from infer_core.layers.sampler import place_sampled_tokens
+
+    input_ids = torch.arange(10, dtype=torch.int32)
+    place_sampled_tokens(input_ids, torch.tensor([7, 2], dtype=torch.int32), torch.tensor([100, 200, 300]),
+                         torch.tensor([2, 0], dtype=torch.int32))
+    assert input_ids.tolist() == [0, 1, 100, 3, 4, 5, 6, 300, 8, 9] and input_ids.dtype == torch.int32
+
+
 def test_list_and_tensor_seeds_sample_the_same():
     generator = torch.Generator().manual_seed(8)
     logits = torch.randn(6, 300, generator=generator)
