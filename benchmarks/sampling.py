@@ -13,6 +13,9 @@ vocabulary. For each case and batch size:
 - ``same_tokens``: old and new pick the same tokens (greedy and seeded cases; unseeded rows draw
   their keys differently now, so their tokens differ).
 
+Last, "place tokens": the runner's placement of the previous step's tokens into the next step's
+input ids (torch's index_select + cast + index_put_, against ``sampler.place_sampled_tokens``).
+
     python3 -m benchmarks.sampling            # the offline-throughput and batch-1 cases
     python3 -m benchmarks.sampling --all      # and top-k/top-p/min-p/seeded/penalties at 1, 64, 256 rows
 """
@@ -149,6 +152,25 @@ def time_case(sampler, states, logits, iters: int) -> tuple[dict, torch.Tensor]:
     return {k: round(v, 1) if isinstance(v, float) else v for k, v in figures.items()}, tokens
 
 
+def time_placement(iters: int) -> list[dict]:
+    """The runner's pending-token placement: torch's index_select + cast + index_put_ against one kernel."""
+    results = []
+    for num_rows in (1, 256):
+        input_ids = torch.zeros(num_rows, dtype=torch.int32, device="cuda")
+        sampled = torch.randint(0, VOCAB, (num_rows,), device="cuda")
+        dst = torch.arange(num_rows, dtype=torch.int32, device="cuda")
+        src = torch.randperm(num_rows, device="cuda").to(torch.int32)
+        calls = {"old": lambda: input_ids.index_put_((dst,), sampled.index_select(0, src).to(input_ids.dtype)),
+                 "new": lambda: new_sampler.place_sampled_tokens(input_ids, dst, sampled, src)}
+        for system, call in calls.items():
+            figures = dict(gpu_us=round(gpu_us(call, iters), 1), host_us=round(host_us(call, iters), 1),
+                           launches=launches(call), step_us=None)
+            results.append(dict(system=system, case="place tokens", num_rows=num_rows, **figures,
+                                **({"same_tokens": None} if system == "new" else {})))
+            print(f"{'place tokens':>20} R={num_rows:<4} {system} {figures}", flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results)")
@@ -174,6 +196,7 @@ def main() -> None:
         same = bool(torch.equal(old_tokens, new_tokens)) if case in ("greedy", "seeded") else None
         results += [dict(row, system="old", **old), dict(row, system="new", same_tokens=same, **new)]
         print(f"{case:>20} R={num_rows:<4} old {old}  new {new}  same tokens {same}", flush=True)
+    results += time_placement(args.iters)
     settings = dict(vocab_size=VOCAB, dtype="bfloat16", iters=args.iters, logit_scale=args.logit_scale,
                     old=args.old_ref or "benchmarks/sampling_baseline", cases={c: CASES[c] for c, _ in runs})
     path = write_result("sampling", settings, results, args.out)
