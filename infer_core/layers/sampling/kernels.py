@@ -2,14 +2,17 @@
 
 Program (row, split) owns one slice of one row, a whole number of tiles of TILE tokens.
 
-Sampled rows take two passes over their slice. Pass A computes, for every token, a cheap upper
-bound of its score ``z - log(q)`` (``logits * (1 / t)`` plus ``-log`` of a lower bound of the Exp(1)
-draw from its top 23 bits: one fast log2, no division, no exact logarithms) and keeps, per counter
-position of the tile, the largest bound over the slice's tiles; the hot loop has no cross-thread
-step. Pass B scores exactly (the old kernel's arithmetic, so the same tokens) only the groups whose
-bound can still beat the best score found, highest bound first: usually one or two groups of a few
-hundred tokens. Exact means: a skipped group's every score is provably <= the best (see
-``bound_margin``), and the winner is the old kernel's (highest score, lowest token on ties).
+Why: scoring every token exactly (an IEEE division, two exact logarithms and Philox) took ~110
+instructions per token, so at 256 x 151936 the old one-pass kernel was bound by instruction issue
+(~5x the time to read the logits), not by memory. Sampled rows now take two passes over their
+slice. Pass A computes, for every token, a cheap upper bound of its score ``z - log(q)``: the
+logit times ``log2(e) / t`` minus ``log2`` of a lower bound of the Exp(1) draw from its top 23
+bits (one FMA and one fast log2 besides Philox: ~19 instructions per token, no barrier), and keeps
+per counter position of the tile the largest bound over the slice's tiles. Pass B scores exactly
+(the old kernel's arithmetic, so the same tokens) only the groups (one counter position across
+the slice's tiles) whose bound can still beat the best score found, highest bound first: one
+group in almost every row. Exact means: a skipped group's every score is provably <= the best
+(see ``bound_margin``), and the winner is the old kernel's (highest score, lowest token on ties).
 
 Greedy rows (a greedy batch, or rows at temperature 0 among sampled ones) take one pass of int64
 keys: the argmax with torch's rules (first maximum; a NaN is the maximum). Their top-k/top-p cut
