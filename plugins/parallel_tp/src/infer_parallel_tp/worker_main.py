@@ -22,6 +22,7 @@ from dataclasses import replace
 
 import torch
 import torch.distributed as dist
+from infer_core.engine.gc_policy import STEP_LOOP_GC
 
 from infer_parallel_tp.channel import WorkerChannel
 from infer_parallel_tp.group import RankPlacement, backend_for, join_group, leave_group, release_worker
@@ -61,7 +62,7 @@ class RankLoop:
 
     def run(self, store: dist.Store) -> int:
         self.channel.reply(True, os.getpid())  # up: rank 0 sends INIT once every rank is
-        failed = True
+        failed, holds_gc = True, False
         try:
             while True:
                 call = self.channel.receive()
@@ -75,6 +76,10 @@ class RankLoop:
                         self.worker.execute_async(*call.args)  # the result is never read on this rank
                     elif call.method == INIT:
                         self._init(store, *call.args)
+                        # a worker rank serves steps from here to STOP: its start-up heap is frozen, as rank 0's
+                        # is while its engine is busy (a full GC pass here would stall every rank at a collective)
+                        STEP_LOOP_GC.hold()
+                        holds_gc = True
                     else:
                         result = getattr(self.worker, call.method)(*call.args)
                 except BaseException:  # noqa: BLE001 - any failure ends this rank, reported to rank 0
@@ -89,6 +94,8 @@ class RankLoop:
             logger.error("tensor-parallel rank %d: lost rank 0's store; exiting", self.placement.rank)
             return 1
         finally:
+            if holds_gc:
+                STEP_LOOP_GC.release()
             release_worker(self)  # its CUDA graphs hold the NCCL communicator
             leave_group(abort=failed)
 
