@@ -129,7 +129,7 @@ def _mul_wide(a, multiplier):
 def _philox(key, counter_lo, counter_hi, NATIVE: tl.constexpr):
     """Philox4x32-10 of counters (counter_lo, counter_hi, 0, 0) under ``key``: ``tl.randint4x``'s rounds."""
     if NATIVE:
-        key = key.to(tl.int64).to(tl.uint64, bitcast=True)
+        key = key.to(tl.uint64, bitcast=True)
         k0 = (key & 0xFFFFFFFF).to(tl.uint32)
         k1 = (key >> 32).to(tl.uint32)
         c0 = counter_lo.to(tl.uint32)

@@ -185,7 +185,7 @@ def _sampled_key(row, row_ptr, start, split, temperature, seed_ptr, position_ptr
     """The best key of a sampled row's slice: pass A (bounds), then pass B (exact scores, best bound first)."""
     NC: tl.constexpr = TILE // 4
     # unseeded rows: a fresh key per launch from the generator's (seed, offset), position 0
-    r0, r1, _, _ = tl.randint4x(gen_seed, (gen_counter.to(tl.int64) << 32) | row.to(tl.int64))
+    r0, r1, _, _ = tl.randint4x(gen_seed, (gen_counter << 32) | row.to(tl.int64))
     key = r0.to(tl.int64) | (r1.to(tl.int64) << 32)
     position = tl.zeros((), tl.int64)
     if HAS_SEEDS:
