@@ -24,7 +24,7 @@ from infer_core.sampling_params import MIN_SAMPLING_TEMPERATURE
 
 
 def _counters_are_zero() -> bool:
-    return all(int(counters.abs().sum()) == 0 for _, counters in fused._WORKSPACE.buffers.values())
+    return all(int(buffer.abs().sum()) == 0 for buffer in fused._COUNTERS.buffers.values())
 
 
 def _split_plans(vocab: int) -> list[int | None]:

@@ -50,27 +50,23 @@ def plan_splits(num_rows: int, vocab_size: int, num_sms: int, num_splits: int | 
     return triton.cdiv(num_tiles, tiles_per_split), tiles_per_split
 
 
-class _SplitWorkspace:
-    """Per (device, stream): the split rows' per-program best keys, and int32 counters that are zero
-    between launches (each row's last program resets its own). Launches on one stream run in order,
-    so they can share them; the buffers only grow."""
+class _SplitCounters:
+    """Per (device, stream): int32 counters, zero between launches (each row's last program resets its own)."""
 
     def __init__(self) -> None:
-        self.buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.buffers: dict[tuple, torch.Tensor] = {}
 
-    def get(self, device: torch.device, num_rows: int, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def get(self, device: torch.device, num_rows: int) -> torch.Tensor:
         stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
         key = (device.type, device.index, stream)
-        buffers = self.buffers.get(key)
-        if buffers is None or buffers[1].numel() < num_rows or buffers[0].numel() < num_rows * num_splits:
-            rows = max(num_rows, 256, 0 if buffers is None else 2 * buffers[1].numel())
-            keys = max(num_rows * num_splits, 4096, 0 if buffers is None else 2 * buffers[0].numel())
-            buffers = self.buffers[key] = (torch.empty(keys, dtype=torch.int64, device=device),
-                                           torch.zeros(rows, dtype=torch.int32, device=device))
-        return buffers
+        buffer = self.buffers.get(key)
+        if buffer is None or buffer.numel() < num_rows:
+            size = max(num_rows, 256, 0 if buffer is None else 2 * buffer.numel())
+            buffer = self.buffers[key] = torch.zeros(size, dtype=torch.int32, device=device)
+        return buffer
 
 
-_WORKSPACE = _SplitWorkspace()  # scratch memory, like a library workspace: no configuration lives here
+_COUNTERS = _SplitCounters()  # scratch memory, like a library workspace: no configuration lives here
 
 
 def generator_base(generator: torch.Generator | None, device: torch.device) -> tuple[int, int]:
@@ -100,7 +96,8 @@ def _outputs(logits: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch
     out = torch.empty(num_rows, dtype=torch.int64, device=device)
     if num_splits == 1:
         return out, None, None
-    return out, *_WORKSPACE.get(device, num_rows, num_splits)
+    partial = torch.empty(num_rows, num_splits, dtype=torch.int64, device=device)
+    return out, partial, _COUNTERS.get(device, num_rows)
 
 
 def _check(logits: torch.Tensor) -> None:
