@@ -1,7 +1,7 @@
 """Sampling on one GPU: the previous sampler ("old") against the current one ("new"), same inputs, same run.
 
-"old" is ``benchmarks/sampling_baseline/`` (the sampler and its fused kernel before the two-pass
-kernel), or the files at ``--old-ref`` in git. Logits are bfloat16 (the model's) at Qwen3's
+"old" is ``benchmarks/sampling_baseline/`` (the sampler, its fused kernel and its batch builder
+before the two-pass kernel), or the files at ``--old-ref`` in git. Logits are bfloat16 (the model's) at Qwen3's
 vocabulary. For each case and batch size:
 
 - ``gpu_us``: device time of one ``sample`` call, CUDA events around ``--iters`` calls queued
@@ -67,28 +67,36 @@ def _module_from_file(name: str, path: Path) -> types.ModuleType:
     return module
 
 
-def load_old(ref: str | None) -> types.ModuleType:
-    """The previous sampler, wired to the previous kernel (a file: triton reads its kernels' source)."""
+def load_old(ref: str | None) -> tuple[types.ModuleType, types.ModuleType]:
+    """The previous sampler, wired to the previous kernel (a file: triton reads its kernels' source), and
+    the previous batch builder, wired to that sampler."""
     folder = BASELINE
     if ref is not None:
         folder = Path(tempfile.mkdtemp(prefix="old_sampler_"))
         for name, path in (("fused.py", "infer_core/layers/sampling/fused.py"),
-                           ("sampler.py", "infer_core/layers/sampler.py")):
+                           ("sampler.py", "infer_core/layers/sampler.py"),
+                           ("sampling_inputs.py", "infer_core/runner/sampling_inputs.py")):
             source = subprocess.run(["git", "show", f"{ref}:{path}"], cwd=ROOT, capture_output=True, text=True,
                                     check=True).stdout
             (folder / name).write_text(source)
     old_fused = _module_from_file("old_sampling_fused", folder / "fused.py")
     old = _module_from_file("old_sampler", folder / "sampler.py")
     old._fused_kernels = lambda: old_fused
-    return old
+    source = (folder / "sampling_inputs.py").read_text()
+    source = source.replace("from infer_core.layers.sampler import", "from old_sampler import")
+    inputs = sys.modules["old_sampling_inputs"] = types.ModuleType("old_sampling_inputs")
+    exec(compile(source, str(folder / "sampling_inputs.py"), "exec"), inputs.__dict__)
+    return old, inputs
 
 
 def make_states(num_rows: int, params: dict, rng: np.random.Generator) -> list[RequestState]:
+    """Rows share one SamplingParams (as LLM.generate's requests do), but for their seeds."""
+    shared = SamplingParams(**params)
     states = []
     for i in range(num_rows):
         tokens = rng.integers(0, VOCAB, PROMPT_LEN + OUTPUT_LEN).tolist()
-        p = dict(params, seed=params["seed"] + i) if "seed" in params else params
-        states.append(RequestState(f"r{i}", tokens, PROMPT_LEN, SamplingParams(**p), [], len(tokens)))
+        p = SamplingParams(**dict(params, seed=params["seed"] + i)) if "seed" in params else shared
+        states.append(RequestState(f"r{i}", tokens, PROMPT_LEN, p, [], len(tokens)))
     return states
 
 
@@ -131,12 +139,12 @@ def launches(fn) -> int:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
-def time_case(sampler, states, logits, iters: int) -> tuple[dict, torch.Tensor]:
+def time_case(sampler, inputs, states, logits, iters: int) -> tuple[dict, torch.Tensor]:
     device = logits.device
     generator = torch.Generator(device=device).manual_seed(0)
 
     def build():
-        return sampling_inputs.build_sampling_batch(states, VOCAB, (), device, generator)
+        return inputs.build_sampling_batch(states, VOCAB, (), device, generator)
 
     batch = build()
     tokens = sampler.sample(logits, batch).token_ids.cpu()
@@ -181,7 +189,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.sampling needs a CUDA device")
-    old_sampler = load_old(args.old_ref)
+    old_sampler, old_inputs = load_old(args.old_ref)
     device = torch.device("cuda")
     rng = np.random.default_rng(0)
     runs = [(case, rows) for rows in (1, 64, 256) for case in CASES] if args.all else KEY_CASES
@@ -191,8 +199,8 @@ def main() -> None:
         logits = logits.to(device=device, dtype=torch.bfloat16)
         states = make_states(num_rows, CASES[case], rng)
         row = dict(case=case, num_rows=num_rows, vocab_size=VOCAB)
-        old, old_tokens = time_case(old_sampler, states, logits, args.iters)
-        new, new_tokens = time_case(new_sampler, states, logits, args.iters)
+        old, old_tokens = time_case(old_sampler, old_inputs, states, logits, args.iters)
+        new, new_tokens = time_case(new_sampler, sampling_inputs, states, logits, args.iters)
         same = bool(torch.equal(old_tokens, new_tokens)) if case in ("greedy", "seeded") else None
         results += [dict(row, system="old", **old), dict(row, system="new", same_tokens=same, **new)]
         print(f"{case:>20} R={num_rows:<4} old {old}  new {new}  same tokens {same}", flush=True)
