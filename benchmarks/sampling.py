@@ -1,7 +1,8 @@
 """Sampling on one GPU: the previous sampler ("old") against the current one ("new"), same inputs, same run.
 
-"old" is ``benchmarks/sampling_baseline/`` (the sampler, its fused kernel and its batch builder
-before the two-pass kernel), or the files at ``--old-ref`` in git. Logits are bfloat16 (the model's) at Qwen3's
+"old" is the sampler, its fused kernel and its batch builder at ``--old-ref`` in git (default
+0ebf34c: before the two-pass kernel), or those three files in ``--old-dir`` (for a checkout without
+the history: ``git show REF:PATH > DIR/NAME`` them where the history is). Logits are bfloat16 (the model's) at Qwen3's
 vocabulary. For each case and batch size:
 
 - ``gpu_us``: device time of one ``sample`` call, CUDA events around ``--iters`` calls queued
@@ -44,7 +45,9 @@ from infer_core.runner import sampling_inputs  # noqa: E402
 from infer_core.runner.state import RequestState  # noqa: E402
 
 VOCAB = 151936
-BASELINE = Path(__file__).resolve().parent / "sampling_baseline"
+OLD_REF = "0ebf34c"  # the sampler before the two-pass kernel
+OLD_FILES = (("fused.py", "infer_core/layers/sampling/fused.py"), ("sampler.py", "infer_core/layers/sampler.py"),
+             ("sampling_inputs.py", "infer_core/runner/sampling_inputs.py"))
 PROMPT_LEN, OUTPUT_LEN = 128, 256  # token histories for the penalties case
 KEY_CASES = [("greedy", 1), ("temperature=0.6", 1), ("greedy", 256), ("temperature=0.6", 256)]
 CASES = {
@@ -67,18 +70,17 @@ def _module_from_file(name: str, path: Path) -> types.ModuleType:
     return module
 
 
-def load_old(ref: str | None) -> tuple[types.ModuleType, types.ModuleType]:
+def load_old(ref: str, folder: Path | None) -> tuple[types.ModuleType, types.ModuleType]:
     """The previous sampler, wired to the previous kernel (a file: triton reads its kernels' source), and
-    the previous batch builder, wired to that sampler."""
-    folder = BASELINE
-    if ref is not None:
+    the previous batch builder, wired to that sampler: from ``folder`` when given, else from git at ``ref``."""
+    if folder is None:
         folder = Path(tempfile.mkdtemp(prefix="old_sampler_"))
-        for name, path in (("fused.py", "infer_core/layers/sampling/fused.py"),
-                           ("sampler.py", "infer_core/layers/sampler.py"),
-                           ("sampling_inputs.py", "infer_core/runner/sampling_inputs.py")):
-            source = subprocess.run(["git", "show", f"{ref}:{path}"], cwd=ROOT, capture_output=True, text=True,
-                                    check=True).stdout
-            (folder / name).write_text(source)
+        for name, path in OLD_FILES:
+            shown = subprocess.run(["git", "show", f"{ref}:{path}"], cwd=ROOT, capture_output=True, text=True)
+            if shown.returncode:
+                raise SystemExit(f"git show {ref}:{path} failed ({shown.stderr.strip()}); run where the history is, "
+                                 f"or write the old {', '.join(n for n, _ in OLD_FILES)} to a folder for --old-dir")
+            (folder / name).write_text(shown.stdout)
     old_fused = _module_from_file("old_sampling_fused", folder / "fused.py")
     old = _module_from_file("old_sampler", folder / "sampler.py")
     old._fused_kernels = lambda: old_fused
@@ -182,14 +184,16 @@ def time_placement(iters: int) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results)")
-    parser.add_argument("--old-ref", default=None, help="git ref of the previous sampler (default: sampling_baseline/)")
+    parser.add_argument("--old-ref", default=OLD_REF, help=f"git ref of the previous sampler (default {OLD_REF})")
+    parser.add_argument("--old-dir", type=Path, default=None, help="the previous fused.py, sampler.py and "
+                        "sampling_inputs.py, for a checkout without the history (instead of --old-ref)")
     parser.add_argument("--all", action="store_true", help="every case at 1, 64 and 256 rows")
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--logit-scale", type=float, default=3.0, help="logits ~ N(0, scale^2), then bfloat16")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.sampling needs a CUDA device")
-    old_sampler, old_inputs = load_old(args.old_ref)
+    old_sampler, old_inputs = load_old(args.old_ref, args.old_dir)
     device = torch.device("cuda")
     rng = np.random.default_rng(0)
     runs = [(case, rows) for rows in (1, 64, 256) for case in CASES] if args.all else KEY_CASES
@@ -206,7 +210,7 @@ def main() -> None:
         print(f"{case:>20} R={num_rows:<4} old {old}  new {new}  same tokens {same}", flush=True)
     results += time_placement(args.iters)
     settings = dict(vocab_size=VOCAB, dtype="bfloat16", iters=args.iters, logit_scale=args.logit_scale,
-                    old=args.old_ref or "benchmarks/sampling_baseline", cases={c: CASES[c] for c, _ in runs})
+                    old=str(args.old_dir) if args.old_dir else args.old_ref, cases={c: CASES[c] for c, _ in runs})
     path = write_result("sampling", settings, results, args.out)
     table = ["| case | rows | old GPU µs | new GPU µs | speed-up | old host µs | new host µs | old launches | "
              "new launches | old step µs | new step µs | same tokens |",
