@@ -1,0 +1,94 @@
+"""Where a batch-1 request's time to first token goes: its first steps under ``torch.profiler``.
+
+The latency benchmark's ``--profile`` window starts after the prefill; this one starts with it.
+A warm-up request runs first (untimed, unprofiled: kernel compiles), then one request of
+``--prompt-len`` tokens is added and its first ``--steps`` engine steps (the prefill, then decode
+steps: with overlapped steps the prefill's token is read by the step after it) are profiled.
+Prints each step's host time, the named host ranges in it, its kernel launches and GPU busy time;
+``--out DIR`` also keeps the Chrome trace and the printed figures as JSON.
+
+    python -m benchmarks.first_steps --model Qwen3-0.6B --attention triton --out /tmp/traces
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import write_result
+from infer_core.bench.offline_common import resolve_model
+from infer_core.bench.workload import latency_prompt
+
+STEP_RANGE = "first_steps.step"
+
+
+def _per_step(events: list[dict]) -> list[dict]:
+    """Per profiled step: host ms, named ``infer.*`` ranges, kernels launched and GPU busy ms."""
+    steps = sorted((e for e in events if e.get("name") == STEP_RANGE and e.get("ph") == "X"), key=lambda e: e["ts"])
+    kernels = [e for e in events if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    ranges = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("infer.")
+              and e.get("cat") == "user_annotation"]
+    rows = []
+    for i, step in enumerate(steps):
+        start, end = step["ts"], step["ts"] + step["dur"]
+        # a step's kernels run up to the next step's start (overlapped: they may end after its host part)
+        stop = steps[i + 1]["ts"] if i + 1 < len(steps) else float("inf")
+        mine = [k for k in kernels if start <= k["ts"] < stop]
+        named: dict[str, float] = {}
+        for r in ranges:
+            if start <= r["ts"] < end:
+                named[r["name"]] = round(named.get(r["name"], 0.0) + r["dur"] / 1e3, 3)
+        rows.append({"step": i, "host_ms": round(step["dur"] / 1e3, 3), "ranges_ms": named,
+                     "kernels": len(mine), "gpu_busy_ms": round(sum(k["dur"] for k in mine) / 1e3, 3)})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="Qwen3-0.6B")
+    parser.add_argument("--attention", default="triton")
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--out", type=Path, default=None, help="folder for the trace and a JSON of the figures")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("first_steps profiles CUDA kernels: run it on a GPU machine")
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from infer_core import LLM, SamplingParams
+
+    with tempfile.TemporaryDirectory(prefix="first-steps-") as scratch:
+        folder, label = resolve_model(args.model, Path(scratch))
+        llm = LLM(folder, load_format="dummy", dtype="bfloat16", attention=args.attention, max_model_len=4096, seed=0)
+        engine = llm.engine
+        prompt = latency_prompt(args.prompt_len, engine.config.model.vocab_size)
+        params = SamplingParams(temperature=0, max_tokens=args.steps + 4, ignore_eos=True)
+        llm.generate([prompt], params, use_tqdm=False)  # warm-up: compiles, first-use costs
+        engine.add_request("first-steps", [(t + 1) % 10000 for t in prompt], params)  # no prefix-cache hit
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.steps):
+                with record_function(STEP_RANGE):
+                    engine.step()
+            torch.cuda.synchronize()
+        engine.abort("first-steps")
+        trace = Path(scratch) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        rows = _per_step(json.loads(trace.read_text())["traceEvents"])
+        for row in rows:
+            print(json.dumps(row), flush=True)
+        if args.out is not None:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / f"first-steps-{label}-{args.attention}.trace.json").write_text(trace.read_text())
+            settings = {"model": label, "attention": args.attention, "prompt_len": args.prompt_len,
+                        "steps": args.steps, "load_format": "dummy", "dtype": "bfloat16"}
+            print("wrote", write_result("first-steps", settings, rows, args.out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
