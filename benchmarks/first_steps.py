@@ -5,7 +5,9 @@ A warm-up request runs first (untimed, unprofiled: kernel compiles), then one re
 ``--prompt-len`` tokens is added and its first ``--steps`` engine steps (the prefill, then decode
 steps: with overlapped steps the prefill's token is read by the step after it) are profiled.
 Prints each step's host time, the named host ranges in it, its kernel launches and GPU busy time;
-``--out DIR`` also keeps the Chrome trace and the printed figures as JSON.
+``--out DIR`` also keeps the Chrome trace and the printed figures as JSON. ``--cprofile`` runs the
+same steps under cProfile instead and prints the Python functions with the most own time, for the
+first step and for the others (where the host's time goes between kernel launches).
 
     python -m benchmarks.first_steps --model Qwen3-0.6B --attention triton --out /tmp/traces
 """
@@ -47,12 +49,32 @@ def _per_step(events: list[dict]) -> list[dict]:
     return rows
 
 
+def _cprofile_steps(engine, num_steps: int) -> None:
+    """The first step, then the rest, each under its own cProfile: top functions by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    first, rest = cProfile.Profile(), cProfile.Profile()
+    for i in range(num_steps):
+        profiler = first if i == 0 else rest
+        profiler.enable()
+        engine.step()
+        profiler.disable()
+    torch.cuda.synchronize()
+    for label, profiler in (("first step", first), (f"steps 1-{num_steps - 1}", rest)):
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(35)
+        print(f"--- cProfile, {label} ---\n" + text.getvalue(), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="Qwen3-0.6B")
     parser.add_argument("--attention", default="triton")
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--cprofile", action="store_true", help="cProfile the steps instead (Python time)")
     parser.add_argument("--out", type=Path, default=None, help="folder for the trace and a JSON of the figures")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -71,6 +93,10 @@ def main() -> None:
         llm.generate([prompt], params, use_tqdm=False)  # warm-up: compiles, first-use costs
         engine.add_request("first-steps", [(t + 1) % 10000 for t in prompt], params)  # no prefix-cache hit
         torch.cuda.synchronize()
+        if args.cprofile:
+            _cprofile_steps(engine, args.steps)
+            engine.abort("first-steps")
+            return
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(args.steps):
                 with record_function(STEP_RANGE):

@@ -6,6 +6,8 @@ temperature 0.6) through ``LLM.generate``, by default on a tiny model on the CPU
 Each step's ``schedule``, ``prepare`` (the runner's ``requests.apply``, ``build_step_inputs``,
 ``build_sampling_batch``), ``process`` (``accept`` + ``scheduler.update`` + output processor) and
 ``result`` are timed by wrappers put on the engine's parts here (the engine is not edited), and
+within ``execute_async`` (the runner's whole launch, ``prepare`` included) also ``replay`` (the
+CUDA-graph launch), ``sample`` and ``step_output`` (the sampled ids' copy to the host); and
 every pass of Python's cyclic garbage collector by ``gc.callbacks``: its generation, duration, and
 the step and part it fell in. A row gives p50/p99/max per part, GC passes per generation, and
 the slowest steps of each part with the GC passes inside them.
@@ -28,7 +30,7 @@ from typing import Any
 
 from benchmarks.common import RESULTS
 
-PARTS = ("schedule", "prepare", "process", "result", "execute_async")
+PARTS = ("schedule", "prepare", "process", "result", "execute_async", "replay", "sample", "step_output")
 NUM_SLOWEST = 8  # slowest steps listed per part
 
 
@@ -56,6 +58,10 @@ class StepRecorder:
         self._wrap(model_runner, "build_sampling_batch", "prepare")
         if runner is not None:
             self._wrap(runner.requests, "apply", "prepare")
+            if runner.graphs is not None:  # inside execute_async: the CUDA-graph launch
+                self._wrap(runner.graphs, "replay", "replay")
+        self._wrap(model_runner, "sample", "sample")  # inside execute_async: the sampler's launches
+        self._wrap(model_runner, "SampledStep", "step_output")  # the sampled ids' copy to the host
         recorder = self
         launch = engine.executor.execute_async
 
