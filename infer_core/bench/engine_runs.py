@@ -54,11 +54,17 @@ def measure_throughput(llm, workload: OfflineWorkload) -> dict[str, Any]:
     output tokens / wall time."""
     from infer_core import SamplingParams
 
-    warmup = SamplingParams(temperature=WORKLOAD_TEMPERATURE, max_tokens=WARMUP_MAX_TOKENS, ignore_eos=True)
+    def warmup() -> SamplingParams:
+        return SamplingParams(temperature=WORKLOAD_TEMPERATURE, max_tokens=WARMUP_MAX_TOKENS, ignore_eos=True)
+
     # Same lengths, other tokens: the timed run must find none of its prompts in the prefix cache.
+    # One SamplingParams per request, as in the timed run: a batch sharing one object samples
+    # through another kernel variant (one temperature for all rows), which would leave the timed
+    # run's variants to compile mid-run.
     vocab = llm.engine.config.model.vocab_size
-    llm.generate([[(t + 1) % vocab for t in p] for p in workload.prompts], warmup, use_tqdm=False)
-    llm.generate([WARMUP_PROMPT], warmup, use_tqdm=False)
+    llm.generate([[(t + 1) % vocab for t in p] for p in workload.prompts], [warmup() for _ in workload.prompts],
+                 use_tqdm=False)
+    llm.generate([WARMUP_PROMPT], warmup(), use_tqdm=False)
     hits = llm.engine.stats().prefix_hit_tokens
     params = [SamplingParams(temperature=WORKLOAD_TEMPERATURE, ignore_eos=True, max_tokens=n)
               for n in workload.output_lens]

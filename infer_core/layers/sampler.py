@@ -154,7 +154,7 @@ def _sample_reference(logits: torch.Tensor, batch: SamplingBatch, temperature: t
 
 
 @functools.cache
-def _fused_kernels() -> ModuleType | None:
+def fused_kernels() -> ModuleType | None:
     """The triton kernels module, or None where triton is not installed."""
     try:
         from infer_core.layers.sampling import fused
@@ -221,7 +221,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, use_fused: bool | None = 
     """
     kernels = None
     if use_fused or (use_fused is None and logits.is_cuda):
-        kernels = _fused_kernels()
+        kernels = fused_kernels()
         if kernels is None and use_fused:
             raise RuntimeError("sample(use_fused=True) needs triton: pip install triton")
     reads_as_is = (logits.dtype in _WIDENS_EXACTLY and (batch.all_greedy or kernels is not None)

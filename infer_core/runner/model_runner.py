@@ -18,7 +18,7 @@ from infer_core.interfaces import (
     SchedulerOutput,
 )
 from infer_core.layers import fused
-from infer_core.layers.sampler import sample
+from infer_core.layers.sampler import SamplingBatch, fused_kernels, sample
 from infer_core.loader import Catalog
 from infer_core.models.build import BuildContext
 from infer_core.models.weights import load_model_weights
@@ -153,8 +153,28 @@ class ModelRunner:
             output, _ = self._dummy_output(per_req, params)
             self.execute(output)  # writes only into blocks no request holds yet
             self.requests.clear()
+        self._warm_up_sampler()
         torch.cuda.synchronize(self.device)
-        logger.info("warmed up kernels for odd step sizes in %.1f s", time.perf_counter() - start)
+        logger.info("warmed up kernels for odd step sizes and the sampler's batch sizes in %.1f s",
+                    time.perf_counter() - start)
+
+    def _warm_up_sampler(self) -> None:
+        """Compile the sampler's kernels for every launch plan a batch of 1..max_num_seqs rows meets:
+        greedy, one temperature for all rows (requests sharing a SamplingParams) and a temperature
+        per row (each request its own, as the server and ``LLM.generate`` with a list make them).
+        Otherwise the first steps at each new batch size compile them, ~1 s each, mid-run."""
+        kernels = fused_kernels()
+        if kernels is None:
+            return
+        vocab_size = self.config.model.vocab_size
+        generator = torch.Generator(device=self.device).manual_seed(0)  # the runner's stream stays as it was
+        for num_rows in kernels.row_counts_per_plan(self.config.settings.max_num_seqs, vocab_size, self.device):
+            logits = torch.randn(num_rows, vocab_size, device=self.device).to(self.dtype)
+            per_row = torch.full((num_rows,), 0.7, dtype=torch.float32, device=self.device)
+            for batch in (SamplingBatch(temperature=None, all_greedy=True),
+                          SamplingBatch(temperature=0.7, all_greedy=False, generator=generator),
+                          SamplingBatch(temperature=per_row, all_greedy=False, generator=generator)):
+                sample(logits, batch)
 
     def init_kv_cache(self, num_blocks: int) -> None:
         """Allocate ``num_blocks`` KV blocks (plus the pad block padded graph rows write to), the

@@ -50,6 +50,19 @@ def plan_splits(num_rows: int, vocab_size: int, num_sms: int, num_splits: int | 
     return triton.cdiv(num_tiles, tiles_per_split), tiles_per_split
 
 
+def row_counts_per_plan(max_num_rows: int, vocab_size: int, device: torch.device) -> list[int]:
+    """The smallest row count of each distinct launch plan for 1..``max_num_rows`` rows.
+
+    The plan's split and tile counts are compile-time constants of the kernels, so a launch at
+    each of these row counts compiles every variant those batch sizes meet (a handful: the splits
+    are powers of two).
+    """
+    firsts: dict[tuple[int, int], int] = {}
+    for num_rows in range(1, max_num_rows + 1):
+        firsts.setdefault(_plan(num_rows, vocab_size, device.index, None), num_rows)
+    return sorted(firsts.values())
+
+
 class _SplitCounters:
     """Per (device, stream): int32 counters, zero between launches (each row's last program resets its own)."""
 
