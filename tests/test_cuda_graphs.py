@@ -1,5 +1,5 @@
-"""CUDA graphs of decode steps: which sizes are captured, how a batch is padded, and (on a GPU)
-that replaying a graph gives what the eager step gives."""
+"""CUDA graphs of decode steps and of one request's prompt chunks: which sizes are captured, how a
+batch is padded, and (on a GPU) that replaying a graph gives what the eager step gives."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from infer_core import LLM, SamplingParams
 from infer_core.interfaces import CachedRequestData, NewRequestData, SchedulerOutput
-from infer_core.runner.cuda_graphs import capture_sizes
+from infer_core.runner.cuda_graphs import capture_sizes, prefill_capture_sizes
 from infer_core.runner.inputs import StepBuffers, build_step_inputs
 from infer_core.runner.state import RequestTable
 from infer_core.testing import LogitsRecorder, write_config_checkpoint
@@ -23,6 +23,35 @@ def test_capture_sizes_are_powers_of_two_then_every_eight():
     assert capture_sizes(1) == [1]
     assert capture_sizes(6) == [1, 2, 4, 6]
     assert capture_sizes(20) == [1, 2, 4, 8, 16, 20]
+
+
+def test_prefill_capture_sizes_double_from_16_up_to_the_setting():
+    assert prefill_capture_sizes(512) == [16, 32, 64, 128, 256, 512]
+    assert prefill_capture_sizes(100) == [16, 32, 64, 100]
+    assert prefill_capture_sizes(16) == [16] and prefill_capture_sizes(10) == [10]
+    assert prefill_capture_sizes(0) == [] and prefill_capture_sizes(1) == []
+
+
+def test_padded_prompt_chunk_pads_tokens_of_no_request_at_the_pad_block():
+    """A prefill graph's step: the request keeps its own lengths; the padding tokens belong to no
+    request and write only the pad block's first slot."""
+    block_size, pad_block = 4, 50
+    table = RequestTable()
+    output = SchedulerOutput()
+    # 3 tokens cached (blocks 7), a chunk of 6 more (positions 3..8, blocks 7, 8, 9)
+    output.new_requests.append(NewRequestData("p", list(range(10, 22)), 12, SamplingParams(), [7, 8, 9], 3))
+    output.num_scheduled_tokens = {"p": 6}
+    table.apply(output)
+    buffers = StepBuffers(32, 8, 8, torch.device("cpu"), pad_block=pad_block)
+    inputs = build_step_inputs(output, table, block_size, torch.device("cpu"), buffers, padded_num_tokens=16)
+    assert inputs.padded_num_tokens == 16 and inputs.metadata.num_reqs == 1 and inputs.metadata.num_tokens == 6
+    assert inputs.input_ids.tolist() == [13, 14, 15, 16, 17, 18] + [0] * 10
+    assert inputs.positions.tolist() == [3, 4, 5, 6, 7, 8] + [0] * 10
+    h = buffers.host
+    assert h["slot_mapping"][:16].tolist() == [7 * 4 + 3, 8 * 4, 8 * 4 + 1, 8 * 4 + 2, 8 * 4 + 3, 9 * 4] + [200] * 10
+    assert h["query_start_loc"][:2].tolist() == [0, 6] and h["seq_lens"][0] == 9
+    assert buffers.block_tables_np[0, :3].tolist() == [7, 8, 9]
+    assert inputs.sample_rows == [] and len(inputs.logits_indices) == 0  # the chunk stops short of the prompt's end
 
 
 def _decode_step(table: RequestTable, lengths: list[int], block_size: int) -> SchedulerOutput:
@@ -140,6 +169,47 @@ def test_graph_replay_gives_the_eager_logits(qwen3_06b, attention, batch):
     # The same kernels on the same inputs; only the attention split heuristics may differ (the
     # graph is captured for max_model_len), which moves bfloat16 rounding, not results.
     assert worst < 2e-2, f"graph vs eager logits differ by {worst:.2e} (relative)"
+
+
+@pytest.mark.gpu
+def test_prefill_graph_replay_gives_the_eager_logits(qwen3_06b):
+    """One request at a time: a prompt of a captured size exactly (64), one padded (50 -> 64), one past
+    the largest graph (600: eager), and the 50-token prompt again (its cached prefix: the chunk after
+    it replays a smaller graph with context). Same tokens as eager steps, logits within bf16 rounding."""
+    pytest.importorskip("infer_attention_triton")
+    rng = random.Random(0)
+    base = [rng.randrange(0, 151936) for _ in range(600)]
+    prompts = [base[:64], base[100:150], base, base[100:150] + base[:40]]
+
+    def run(enforce_eager: bool):
+        llm = LLM(str(qwen3_06b), load_format="dummy", attention="triton", enforce_eager=enforce_eager,
+                  max_model_len=4096, max_num_seqs=8, gpu_memory_utilization=0.45)
+        replayed: list[int] = []
+        try:
+            runner = llm.engine.executor.worker.runner
+            if runner.graphs is not None:
+                replay = runner.graphs.replay_prefill
+                runner.graphs.replay_prefill = lambda size: replayed.append(size) or replay(size)
+            params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+            tokens, logits = [], []
+            with LogitsRecorder(llm.engine) as recorder:
+                for prompt in prompts:  # one at a time: each prefill is a one-request step
+                    out = llm.generate([prompt], params, use_tqdm=False)[0]
+                    tokens.append(out.outputs[0].token_ids)
+                    logits.append(recorder.logits[out.request_id])
+            return tokens, logits, replayed
+        finally:
+            llm.shutdown()
+            torch.cuda.empty_cache()
+
+    eager_tokens, eager_logits, _ = run(True)
+    graph_tokens, graph_logits, replayed = run(False)
+    assert replayed == [64, 64, 64], replayed  # 64; 50 padded to 64; 600 eager; the 42 tokens after a cached 48
+    assert graph_tokens == eager_tokens
+    for eager_steps, graph_steps in zip(eager_logits, graph_logits):
+        for eager, graph in zip(eager_steps, graph_steps):
+            rel = float((graph.float() - eager.float()).norm() / eager.float().norm())
+            assert rel < 2e-2, f"prefill graph vs eager logits differ by {rel:.2e} (relative)"
 
 
 @pytest.mark.gpu

@@ -22,6 +22,9 @@ class AttentionCapabilities:
     default_block_size: int = 16
     supports_sliding_window: bool = True
     supports_cuda_graphs: bool = False
+    # One request's prompt chunk replayed from a graph captured at a larger token count: the prefill
+    # launch must take its grid from max_query_len alone and read the request's lengths on the device.
+    supports_prefill_cuda_graphs: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,13 @@ every 8 up to ``max_num_seqs``) covers every decode step: a batch is padded to t
 size with dummy one-token requests that read and write only a spare "pad" KV block. The graphs
 read their inputs from the runner's persistent ``StepBuffers`` and share one memory pool
 (captured largest first, so the smaller ones fit inside the largest's allocations).
+
+A step of one request's prompt chunk (a batch-1 prefill: time to first token) is otherwise some
+250 launches from Python, ~20 ms of host time for ~1 ms of GPU work. Prefill graphs hold one
+request of 16, 32, 64, ... tokens: a chunk is padded with tokens of no request (they write only
+the pad block), the attention reads the request's real lengths on the device, and the graph
+computes the logits of the one sampled position only. Backends opt in
+(``supports_prefill_cuda_graphs``).
 """
 
 from __future__ import annotations
@@ -33,6 +40,16 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
     return sizes
 
 
+def prefill_capture_sizes(max_tokens: int) -> list[int]:
+    """Token counts of the prefill graphs: 16, 32, 64, ... up to ``max_tokens`` (included; 0: none)."""
+    sizes = []
+    size = 16
+    while size < max_tokens:
+        sizes.append(size)
+        size *= 2
+    return sizes + [max_tokens] if max_tokens >= 2 else sizes
+
+
 @dataclass(slots=True)
 class _Graph:
     graph: torch.cuda.CUDAGraph
@@ -43,17 +60,23 @@ class _Graph:
 class CudaGraphRunner:
     """Captures ``forward(input_ids, positions, metadata) -> logits`` per batch size and replays it."""
 
-    def __init__(self, buffers: StepBuffers, block_size: int, max_seq_len: int, sizes: list[int]) -> None:
+    def __init__(self, buffers: StepBuffers, block_size: int, max_seq_len: int, sizes: list[int],
+                 prefill_sizes: list[int] | None = None) -> None:
         self.buffers = buffers
         self.block_size = block_size
         self.max_seq_len = max_seq_len  # the captured metadata serves any context up to this
         self.sizes = sizes
+        self.prefill_sizes = [n for n in prefill_sizes or () if n <= buffers.max_num_tokens]
         self.graphs: dict[int, _Graph] = {}
+        self.prefill_graphs: dict[int, _Graph] = {}
 
     def padded_size(self, num_reqs: int) -> int | None:
         """The smallest captured size that holds ``num_reqs`` requests (None: run eagerly)."""
-        i = bisect.bisect_left(self.sizes, num_reqs)
-        return self.sizes[i] if i < len(self.sizes) and self.sizes[i] in self.graphs else None
+        return _smallest_holding(self.sizes, self.graphs, num_reqs)
+
+    def padded_prefill_size(self, num_tokens: int) -> int | None:
+        """The smallest prefill graph that holds one request's ``num_tokens`` tokens (None: run eagerly)."""
+        return _smallest_holding(self.prefill_sizes, self.prefill_graphs, num_tokens)
 
     def _metadata(self, size: int) -> BatchMetadata:
         """Decode-only metadata over the first ``size`` rows of the persistent buffers."""
@@ -71,33 +94,84 @@ class CudaGraphRunner:
             seq_lens_cpu=torch.full((size,), self.max_seq_len, dtype=torch.int32),
         )
 
+    def _prefill_metadata(self, size: int) -> BatchMetadata:
+        """One request of ``size`` tokens over the persistent buffers (captured on the pad block)."""
+        b = self.buffers
+        b.host["query_start_loc"][:2] = (0, size)
+        b.host["seq_lens"][0] = size
+        b.host["logits_indices"][0] = size - 1
+        b.block_tables_np[0] = b.pad_block
+        b.fill_padding(0, size, 1, 1, self.block_size)
+        b.copy_to_device(1, b.max_blocks_per_req)
+        return BatchMetadata(
+            num_reqs=1, num_tokens=size, num_decode_only=0, max_query_len=size, max_seq_len=self.max_seq_len,
+            block_size=self.block_size,
+            query_start_loc=b.dev["query_start_loc"][:2],
+            seq_lens=b.dev["seq_lens"][:1],
+            block_tables=b.block_tables[:1],
+            slot_mapping=b.dev["slot_mapping"][:size],
+            query_start_loc_cpu=torch.tensor([0, size], dtype=torch.int32),
+            seq_lens_cpu=torch.tensor([self.max_seq_len], dtype=torch.int32),
+        )
+
     def capture(self, build_metadata: Callable[[BatchMetadata], Any],
-                forward: Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor | None]) -> None:
-        """Capture every size, largest first, into one memory pool."""
+                forward: Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor | None],
+                forward_sampled: Callable[[torch.Tensor, torch.Tensor, Any, torch.Tensor], torch.Tensor | None]
+                | None = None) -> None:
+        """Capture every size, largest first, into one memory pool; then the prefill graphs
+        (``forward_sampled`` computes the logits of the rows ``logits_indices`` names)."""
         start = time.perf_counter()
         free_before = torch.cuda.mem_get_info()[0]
         pool = torch.cuda.graph_pool_handle()
         b = self.buffers
         for size in sorted(self.sizes, reverse=True):
             metadata = build_metadata(self._metadata(size))
-            input_ids, positions = b.dev["input_ids"][:size], b.dev["positions"][:size]
-            # Warm up outside the capture (kernel compilation, autotuning, library workspaces).
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                forward(input_ids, positions, metadata)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                logits = forward(input_ids, positions, metadata)
-            self.graphs[size] = _Graph(graph, logits, metadata)
+            self.graphs[size] = _capture(pool, forward, b.dev["input_ids"][:size], b.dev["positions"][:size],
+                                         metadata)
+        if forward_sampled is not None:
+            # clamped: a chunk that does not reach its prompt's end samples nothing and leaves a stale index
+            sampled_row = b.dev["logits_indices"][:1]
+            for size in sorted(self.prefill_sizes, reverse=True):
+                def forward_chunk(ids, pos, md, last=size - 1):
+                    return forward_sampled(ids, pos, md, sampled_row.clamp(max=last))
+
+                metadata = build_metadata(self._prefill_metadata(size))
+                self.prefill_graphs[size] = _capture(pool, forward_chunk, b.dev["input_ids"][:size],
+                                                     b.dev["positions"][:size], metadata)
         torch.cuda.synchronize()
         used = free_before - torch.cuda.mem_get_info()[0]
-        logger.info("captured %d CUDA graphs (decode batch sizes %d-%d) in %.1f s, %.0f MiB",
-                    len(self.graphs), self.sizes[0], self.sizes[-1], time.perf_counter() - start, used / 2**20)
+        prefill = (f", one-request prefills of {self.prefill_sizes[0]}-{self.prefill_sizes[-1]} tokens"
+                   if self.prefill_graphs else "")
+        logger.info("captured %d CUDA graphs (decode batch sizes %d-%d%s) in %.1f s, %.0f MiB",
+                    len(self.graphs) + len(self.prefill_graphs), self.sizes[0], self.sizes[-1], prefill,
+                    time.perf_counter() - start, used / 2**20)
 
     def replay(self, size: int) -> torch.Tensor | None:
         """Run the graph of ``size`` on what the buffers hold now; its logits [size, vocab]."""
         entry = self.graphs[size]
         entry.graph.replay()
         return entry.logits
+
+    def replay_prefill(self, size: int) -> torch.Tensor | None:
+        """Run the prefill graph of ``size`` tokens; the logits [1, vocab] of the row ``logits_indices[0]``."""
+        entry = self.prefill_graphs[size]
+        entry.graph.replay()
+        return entry.logits
+
+
+def _smallest_holding(sizes: list[int], captured: dict[int, _Graph], n: int) -> int | None:
+    i = bisect.bisect_left(sizes, n)
+    return sizes[i] if i < len(sizes) and sizes[i] in captured else None
+
+
+def _capture(pool, forward: Callable, input_ids: torch.Tensor, positions: torch.Tensor, metadata: Any) -> _Graph:
+    """Warm ``forward`` up on a side stream (compiles, library workspaces), then capture it."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        forward(input_ids, positions, metadata)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        logits = forward(input_ids, positions, metadata)
+    return _Graph(graph, logits, metadata)

@@ -85,12 +85,14 @@ class StepBuffers:
 
     def fill_padding(self, num_tokens: int, padded_tokens: int, num_reqs: int, padded_reqs: int,
                      block_size: int) -> None:
-        """Padding tokens are one-token requests at position 0 of the pad block."""
+        """Padding tokens are one-token requests at position 0 of the pad block (a decode graph's), or,
+        with ``padded_reqs == num_reqs``, tokens of no request that write only the pad block (a
+        prefill graph's: the attention of the step's request stops at its own length)."""
         h = self.host
         h["input_ids"][num_tokens:padded_tokens] = 0
         h["positions"][num_tokens:padded_tokens] = 0
         h["slot_mapping"][num_tokens:padded_tokens] = self.pad_block * block_size
-        h["query_start_loc"][num_reqs + 1 : padded_reqs + 1] = np.arange(num_tokens + 1, padded_tokens + 1)
+        h["query_start_loc"][num_reqs + 1 : padded_reqs + 1] = num_tokens + 1 + np.arange(padded_reqs - num_reqs)
         h["seq_lens"][num_reqs:padded_reqs] = 1
         self.block_tables_np[num_reqs:padded_reqs] = self.pad_block
 
@@ -106,10 +108,11 @@ def _batch_order(scheduled: dict[str, int]) -> list[str]:
 def build_step_inputs(
     output: SchedulerOutput, states: RequestTable, block_size: int, device: torch.device,
     buffers: StepBuffers | None = None, padded_num_reqs: int | None = None,
-    previous_sample_rows: dict[str, int] | None = None,
+    previous_sample_rows: dict[str, int] | None = None, padded_num_tokens: int | None = None,
 ) -> StepInputs:
     """The flat batch of ``output``; with ``padded_num_reqs``, padded with one-token dummy requests
-    (decode-only steps replayed by a CUDA graph of that size).
+    (decode-only steps replayed by a CUDA graph of that size); with ``padded_num_tokens``, padded
+    with tokens of no request (one request's prompt chunk replayed by a prefill graph).
 
     ``previous_sample_rows``: request id -> row of the previous step's sampled ids, for requests
     whose last token is still pending (see ``StepInputs.pending_dst``).
@@ -130,10 +133,10 @@ def build_step_inputs(
             state = states[rid]
             states.write_draft_tokens(state.row, len(state.token_ids), draft)
     num_tokens = int(query_lens.sum())
-    padded_tokens = num_tokens + (padded_reqs - num_reqs)
+    padded_tokens = padded_num_tokens if padded_num_tokens is not None else num_tokens + (padded_reqs - num_reqs)
     max_blocks = int(num_allocated.max())
     if buffers is None or not buffers.fits(padded_tokens, padded_reqs, max_blocks):
-        if padded_reqs > num_reqs:
+        if padded_tokens > num_tokens:
             raise RuntimeError("a padded (CUDA-graph) step must use the graphs' own buffers")
         buffers = StepBuffers(padded_tokens, padded_reqs, max_blocks, device)  # a one-off, larger step
     buffers.wait_for_previous_copy()
@@ -173,7 +176,7 @@ def build_step_inputs(
         _place_pending(request_ids, pending_reqs, num_pending, num_on_host - computed, query_lens,
                        query_start_loc, previous_sample_rows, h)
 
-    if padded_reqs > num_reqs:
+    if padded_tokens > num_tokens:
         buffers.fill_padding(num_tokens, padded_tokens, num_reqs, padded_reqs, block_size)
     buffers.copy_to_device(padded_reqs, max_blocks)
     d = buffers.dev

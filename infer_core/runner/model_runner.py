@@ -23,7 +23,7 @@ from infer_core.loader import Catalog
 from infer_core.models.build import BuildContext
 from infer_core.models.weights import load_model_weights
 from infer_core.profiling import step_range
-from infer_core.runner.cuda_graphs import CudaGraphRunner, capture_sizes
+from infer_core.runner.cuda_graphs import CudaGraphRunner, capture_sizes, prefill_capture_sizes
 from infer_core.runner.inputs import StepBuffers, build_step_inputs
 from infer_core.runner.kv_cache import (
     allocate_kv_caches,
@@ -102,7 +102,8 @@ class ModelRunner:
         torch.cuda.empty_cache()
         # A captured decode batch of max_num_seqs tokens needs about that share of the profiled
         # activations (which are for max_num_batched_tokens tokens).
-        graph_share = min(1.0, s.max_num_seqs / s.max_num_batched_tokens) if self.uses_cuda_graphs() else 0.0
+        graph_tokens = max(s.max_num_seqs, *self._prefill_graph_sizes()[-1:])
+        graph_share = min(1.0, graph_tokens / s.max_num_batched_tokens) if self.uses_cuda_graphs() else 0.0
         return cuda_num_blocks(s.gpu_memory_utilization, s.kv_cache_gb, self.bytes_per_block(), self.device,
                                max_useful, graph_share)
 
@@ -187,9 +188,9 @@ class ModelRunner:
                                    pad_block=num_blocks)
         if self.uses_cuda_graphs():
             self.graphs = CudaGraphRunner(self.buffers, self.config.block_size, self.config.max_model_len,
-                                          capture_sizes(s.max_num_seqs))
+                                          capture_sizes(s.max_num_seqs), self._prefill_graph_sizes())
             with torch.inference_mode():
-                self.graphs.capture(self.attention.build_metadata, self._forward_logits)
+                self.graphs.capture(self.attention.build_metadata, self._forward_logits, self._forward_sampled)
         if self.device.type == "cuda":
             self._warm_up_kernels()
 
@@ -202,9 +203,23 @@ class ModelRunner:
             return False
         return True
 
+    def _prefill_graph_sizes(self) -> list[int]:
+        """Token counts of the one-request prefill graphs: none where the backend does not support them,
+        and with several ranks (their collectives in such graphs are not measured yet)."""
+        if (not self.uses_cuda_graphs() or self.parallel.world_size > 1
+                or not self.attention.capabilities(self.ctx).supports_prefill_cuda_graphs):
+            return []
+        return prefill_capture_sizes(self.config.settings.prefill_graph_max_tokens)
+
     def _forward_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata) -> torch.Tensor | None:
         """Logits of every row (what a captured decode step computes)."""
         return self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, metadata))
+
+    def _forward_sampled(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata,
+                         logits_indices: torch.Tensor) -> torch.Tensor | None:
+        """Logits of the rows ``logits_indices`` names (what an eager step and a prefill graph compute)."""
+        hidden = self.model(input_ids, positions, self.kv_caches, metadata)
+        return self.model.compute_logits(hidden.index_select(0, logits_indices))
 
     def execute(self, output: SchedulerOutput) -> RunnerOutput:
         """Run one step and wait for its sampled tokens."""
@@ -224,20 +239,26 @@ class ModelRunner:
         finally:
             torch.set_flush_denormal(False)
 
-    def _graph_size(self, output: SchedulerOutput) -> int | None:
-        """The captured batch size a decode-only step replays at (None: run it eagerly)."""
-        if self.graphs is None or output.spec_token_ids or any(n != 1 for n in output.num_scheduled_tokens.values()):
-            return None
-        return self.graphs.padded_size(len(output.num_scheduled_tokens))
+    def _graph_sizes(self, output: SchedulerOutput) -> tuple[int | None, int | None]:
+        """(decode graph's batch size, prefill graph's token count) the step replays at; at most one is
+        set, (None, None): run it eagerly."""
+        if self.graphs is None or output.spec_token_ids:
+            return None, None
+        scheduled = output.num_scheduled_tokens
+        if all(n == 1 for n in scheduled.values()):
+            return self.graphs.padded_size(len(scheduled)), None
+        if len(scheduled) == 1:  # one request's prompt chunk
+            return None, self.graphs.padded_prefill_size(next(iter(scheduled.values())))
+        return None, None
 
     def _execute(self, output: SchedulerOutput) -> PendingOutput:
         with step_range("infer.prepare_inputs"):
             self.requests.apply(output)
             if output.is_empty:
                 return ReadyOutput(RunnerOutput())
-            graph_size = self._graph_size(output)
+            graph_size, prefill_size = self._graph_sizes(output)
             inputs = build_step_inputs(output, self.requests, self.config.block_size, self.device, self.buffers,
-                                       graph_size, self.last_sample_rows)
+                                       graph_size, self.last_sample_rows, prefill_size)
             if inputs.pending_dst is not None:
                 pending_ids = self.last_sampled.index_select(0, inputs.pending_src).to(inputs.input_ids.dtype)
                 inputs.input_ids.index_put_((inputs.pending_dst,), pending_ids)
@@ -252,6 +273,12 @@ class ModelRunner:
                         logits = logits[:num_reqs].clone() if self.return_logits else logits[:num_reqs]
                     else:  # a one-token prompt chunk that does not reach the prompt's end samples nothing
                         logits = logits.index_select(0, inputs.logits_indices)
+            elif prefill_size is not None:
+                logits = self.graphs.replay_prefill(prefill_size)  # the KV writes happen whether it samples or not
+                if not inputs.sample_rows:
+                    logits = None
+                elif self.return_logits and logits is not None:
+                    logits = logits.clone()
             else:
                 metadata = self.attention.build_metadata(inputs.metadata)
                 hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, metadata)

@@ -18,6 +18,7 @@ CAPABILITIES = AttentionCapabilities(
     default_block_size=16,
     supports_sliding_window=True,
     supports_cuda_graphs=True,
+    supports_prefill_cuda_graphs=True,  # prefill_attention: grid from max_query_len, lengths read on the device
 )
 
 
