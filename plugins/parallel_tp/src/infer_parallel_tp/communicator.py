@@ -2,26 +2,72 @@
 
 from __future__ import annotations
 
+import logging
+from typing import TYPE_CHECKING, Any
+
 import torch
 import torch.distributed as dist
 from infer_core.interfaces import Communicator
+
+if TYPE_CHECKING:
+    from infer_parallel_tp.symm_mem import OneShotAllReduce
+
+logger = logging.getLogger(__name__)
 
 
 class DistributedCommunicator(Communicator):
     """The default process group's collectives, as the layers call them.
 
-    Every call is a plain ``torch.distributed`` collective on the current stream, so with NCCL
-    they are captured into a CUDA graph like any kernel.
+    Every call runs on the current stream, so it is captured into a CUDA graph like any kernel.
+    All-reduces of small bfloat16/float32 tensors take ``one_shot`` (symmetric memory, see
+    ``symm_mem``) when the group set it up, the rest the backend's (NCCL or gloo); the choice
+    depends only on the tensor's dtype, size and layout, so every rank makes the same one.
+    ``all_reduce_path`` says why one-shot is not used, when it is not.
     """
 
-    def __init__(self, rank: int, world_size: int, backend: str) -> None:
+    def __init__(self, rank: int, world_size: int, backend: str, one_shot: OneShotAllReduce | None = None,
+                 all_reduce_path: str = "") -> None:
         self.rank = rank
         self.world_size = world_size
         self.backend = backend
+        self.one_shot = one_shot
+        self.all_reduce_path = all_reduce_path or backend
+        self.num_one_shot = 0  # calls issued down each path (a captured call counts once, not per replay)
+        self.num_fallback = 0
+        self._noted: set[str] = set()
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        one_shot = self.one_shot
+        if one_shot is not None:
+            reason = one_shot.unsuitable(x)
+            if reason is None:
+                self.num_one_shot += 1
+                return one_shot(x)
+            if reason != "size" and reason not in self._noted:
+                self._noted.add(reason)
+                logger.info("all-reduce of %s takes %s, not the one-shot kernel", reason, self.backend)
+        self.num_fallback += 1
         dist.all_reduce(x)
         return x
+
+    def describe(self) -> dict[str, Any]:
+        """Which all-reduce ran: the path chosen at start, its size limit, and the calls down each path."""
+        return {
+            "path": self.all_reduce_path,
+            "one_shot_max_bytes": self.one_shot.max_bytes if self.one_shot is not None else 0,
+            "num_one_shot": self.num_one_shot,
+            f"num_{self.backend}": self.num_fallback,
+        }
+
+    def on_peer_death(self, dead_ranks: list[int]) -> None:
+        """A peer is gone: let this rank's waiting one-shot kernels through, and stop using them.
+
+        The rescuer (``OneShotAllReduce.rescue_after_peer_death``) then holds, and in the end frees,
+        the symmetric buffer, whose release syncs the device.
+        """
+        one_shot, self.one_shot = self.one_shot, None
+        if one_shot is not None:
+            one_shot.rescue_after_peer_death(dead_ranks)
 
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         x = x.contiguous()

@@ -29,6 +29,7 @@ from infer_parallel_tp.group import (
     join_group,
     leave_group,
     release_worker,
+    symm_mem_all_reduce_enabled,
     torchrun_placement,
     torchrun_store,
 )
@@ -122,7 +123,9 @@ class TensorParallelExecutor(Executor):
                 self.channel.wait_for(r, self.check_health, STARTUP_TIMEOUT).value for r in self.channel.worker_ranks
             ]
             self.channel.send(Call(INIT, (engine_config,)))  # every rank joins the group, then builds its Worker
-            self.parallel = join_group(placement, self.store)
+            self.parallel = join_group(
+                placement, self.store, enable_symm_mem=symm_mem_all_reduce_enabled(engine_config.settings)
+            )
             if self.workers is not None:
                 self.workers.watch(self._on_worker_death)
             self.worker = Worker(engine_config, self.parallel, placement.local_rank if placement.is_cuda else None)
@@ -140,10 +143,21 @@ class TensorParallelExecutor(Executor):
         """
         self._death = "; ".join(lines or self.workers.failures())
         logger.error("tensor-parallel worker died: %s", self._death)
+        self._release_waiting_kernels()
         if self.placement.is_cuda:
             abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
             if abort is not None:
                 abort()
+
+    def _release_waiting_kernels(self) -> None:
+        """Let rank 0's one-shot all-reduces stop waiting for the workers (which are dead, or about to be killed).
+
+        Unlike NCCL's, the symmetric-memory kernel cannot be aborted: it would wait forever for a dead
+        peer's signal, and with it every later sync of this device (see ``symm_mem``).
+        """
+        parallel = getattr(self, "parallel", None)
+        if parallel is not None and hasattr(parallel.communicator, "on_peer_death"):
+            parallel.communicator.on_peer_death(list(range(1, self.world_size)))
 
     def check_health(self) -> None:
         if self.is_shut_down:
@@ -227,6 +241,8 @@ class TensorParallelExecutor(Executor):
                 graceful = False
         if self.workers is not None and not graceful:
             self.workers.kill()
+        if not graceful:
+            self._release_waiting_kernels()
         # Every rank frees its graphs (they hold the NCCL communicator) and leaves the group at the
         # same time as the others: NCCL's teardown of a communicator waits for its peers, so rank 0
         # waiting for the workers' exit first would hold them until STOP_TIMEOUT killed them.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -18,6 +19,9 @@ from infer_parallel_tp.communicator import DistributedCommunicator
 # through its process handle.
 COLLECTIVE_TIMEOUT = timedelta(minutes=5)
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+SYMM_MEM_SETTING = "enable_symm_mem_all_reduce"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +57,17 @@ def torchrun_store(placement: RankPlacement) -> dist.Store:
     return store
 
 
-def join_group(placement: RankPlacement, store: dist.Store) -> ParallelContext:
-    """Initialise the default process group on ``store``; the layers' ParallelContext for this rank."""
+def symm_mem_all_reduce_enabled(settings) -> bool:
+    """The ``enable_symm_mem_all_reduce`` setting; on with an infer-core older than the setting."""
+    return bool(getattr(settings, SYMM_MEM_SETTING, True))
+
+
+def join_group(placement: RankPlacement, store: dist.Store, *, enable_symm_mem: bool) -> ParallelContext:
+    """Initialise the default process group on ``store``; the layers' ParallelContext for this rank.
+
+    On CUDA, with ``enable_symm_mem``, every rank then sets up the one-shot all-reduce together
+    (or falls back to NCCL together), and says once which all-reduce the group uses.
+    """
     if dist.is_initialized():
         raise RuntimeError(
             "a torch.distributed process group already exists in this process; one tensor-parallel engine per process"
@@ -68,7 +81,18 @@ def join_group(placement: RankPlacement, store: dist.Store) -> ParallelContext:
         world_size=placement.world_size,
         timeout=COLLECTIVE_TIMEOUT,
     )
-    communicator = DistributedCommunicator(placement.rank, placement.world_size, placement.backend)
+    one_shot, path = None, placement.backend
+    if placement.is_cuda and placement.world_size > 1:
+        if enable_symm_mem:
+            from infer_parallel_tp.symm_mem import OneShotAllReduce
+
+            one_shot, why = OneShotAllReduce.setup(placement.rank, placement.world_size, placement.local_rank)
+            path = f"{why}, NCCL above" if one_shot is not None else f"NCCL (no symmetric memory: {why})"
+        else:
+            path = f"NCCL ({SYMM_MEM_SETTING}=False)"
+        log = logger.info if placement.rank == 0 else logger.debug
+        log("tensor-parallel all-reduce: %s", path)
+    communicator = DistributedCommunicator(placement.rank, placement.world_size, placement.backend, one_shot, path)
     return ParallelContext(placement.rank, placement.world_size, communicator)
 
 

@@ -25,7 +25,14 @@ import torch.distributed as dist
 from infer_core.engine.gc_policy import STEP_LOOP_GC
 
 from infer_parallel_tp.channel import WorkerChannel
-from infer_parallel_tp.group import RankPlacement, backend_for, join_group, leave_group, release_worker
+from infer_parallel_tp.group import (
+    RankPlacement,
+    backend_for,
+    join_group,
+    leave_group,
+    release_worker,
+    symm_mem_all_reduce_enabled,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +64,7 @@ class RankLoop:
         self.placement = replace(self.placement, backend=backend_for(config.device))
         if not self.placement.is_cuda:
             torch.set_num_threads(1)  # the ranks share the host's cores
-        parallel = join_group(self.placement, store)
+        parallel = join_group(self.placement, store, enable_symm_mem=symm_mem_all_reduce_enabled(config.settings))
         self.worker = Worker(config, parallel, self.placement.local_rank if self.placement.is_cuda else None)
 
     def run(self, store: dist.Store) -> int:
