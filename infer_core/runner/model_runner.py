@@ -102,7 +102,7 @@ class ModelRunner:
         torch.cuda.empty_cache()
         # A captured decode batch of max_num_seqs tokens needs about that share of the profiled
         # activations (which are for max_num_batched_tokens tokens).
-        graph_tokens = max(s.max_num_seqs, *self._prefill_graph_sizes()[-1:])
+        graph_tokens = max([s.max_num_seqs, *self._prefill_graph_sizes()])
         graph_share = min(1.0, graph_tokens / s.max_num_batched_tokens) if self.uses_cuda_graphs() else 0.0
         return cuda_num_blocks(s.gpu_memory_utilization, s.kv_cache_gb, self.bytes_per_block(), self.device,
                                max_useful, graph_share)
