@@ -19,6 +19,11 @@ so each has the GPUs to itself):
 - where the host time goes (``--profile-steps N``): N batch-1 decode steps of each size under
   ``torch.profiler`` (CPU and CUDA), the table of the ops with the most self CPU time printed
   to the log.
+- which all-reduce ran (``all_reduce`` in each TP>1 row): the path the ranks chose at start (the
+  one-shot kernel over symmetric memory for small messages, NCCL above; or NCCL and why) and the
+  all-reduces rank 0 issued down each (a call captured in a CUDA graph counts once, not per
+  replay). ``--nccl-all-reduce`` turns the one-shot path off (``enable_symm_mem_all_reduce=False``)
+  to measure NCCL alone.
 
     python -m benchmarks.tp [--out DIR] [--num-prompts 256] [--repeats 3] [--fp32-reference] [--profile-steps 8]
     python -m benchmarks.tp --tiny --out /tmp/tp-dry-run   # a small model on the CPU: checks the script
@@ -160,6 +165,13 @@ def profile_decode(llm, vocab: int, steps: int) -> None:
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30), flush=True)
 
 
+def all_reduce_info(llm) -> dict | None:
+    """Rank 0's communicator's account of its all-reduces (tensor-parallel runs only)."""
+    parallel = getattr(llm.engine.executor, "parallel", None)
+    describe = getattr(parallel.communicator, "describe", None) if parallel is not None else None
+    return describe() if describe is not None else None
+
+
 def run_one(args: argparse.Namespace) -> None:
     """Child process: build the engine for ``args.child`` ranks, measure, write JSON + logits."""
     from infer_core import LLM
@@ -172,6 +184,8 @@ def run_one(args: argparse.Namespace) -> None:
         "max_model_len": 2 * args.max_len,
         "seed": 0,
     }
+    if args.nccl_all_reduce:
+        settings["enable_symm_mem_all_reduce"] = False
     if args.tiny:
         settings.update(device="cpu", dtype="float32", kv_cache_gb=1.0)
     else:
@@ -199,11 +213,13 @@ def run_one(args: argparse.Namespace) -> None:
     if args.profile_steps:
         profile_decode(llm, vocab, args.profile_steps)
     row.update(measure_decode(llm, vocab, args.prompt_len, args.new_tokens, args.repeats))
-    print(f"[tp={args.child}] decode {row['decode_ms_per_token']} ms/token", flush=True)
+    row["all_reduce"] = all_reduce_info(llm)
+    print(f"[tp={args.child}] decode {row['decode_ms_per_token']} ms/token; all-reduce {row['all_reduce']}", flush=True)
     row_file = scratch / f"row-tp{args.child}.json"
     row_file.write_text(json.dumps(row))  # kept if the throughput run is cut off by --timeout
     if args.num_prompts:
         row.update(measure_throughput(llm, args.num_prompts, args.max_len))
+        row["all_reduce"] = all_reduce_info(llm)
         print(f"[tp={args.child}] throughput {row['output_tok_s']} output tok/s", flush=True)
         row_file.write_text(json.dumps(row))
     llm.shutdown()
@@ -275,7 +291,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also TP=1 in float32 (logits only): both sizes' bfloat16 error against it",
     )
-    parser.add_argument("--profile-steps", type=int, default=0, help="profile N decode steps of each size (torch.profiler)")
+    parser.add_argument(
+        "--profile-steps", type=int, default=0, help="profile N decode steps of each size (torch.profiler)"
+    )
+    parser.add_argument(
+        "--nccl-all-reduce",
+        action="store_true",
+        help="every all-reduce through NCCL (enable_symm_mem_all_reduce=False): the one-shot path's baseline",
+    )
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--dtype", default="bfloat16", help=argparse.SUPPRESS)
     parser.add_argument("--logits-only", action="store_true", help=argparse.SUPPRESS)
@@ -330,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "logits_rtol": LOGITS_RTOL,
         "fp32_reference": args.fp32_reference,
+        "symm_mem_all_reduce": not args.nccl_all_reduce,
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
     }
@@ -346,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         f"logits: TP={args.tp} {verdict} {LOGITS_RTOL} of TP=1 (max {tp['logits_max_rel_diff']}); "
         f"decode speed-up {tp['decode_speedup_vs_tp1']}x (target {DECODE_TARGET}x)"
     )
+    print(f"all-reduce at TP={args.tp}: {(tp.get('all_reduce') or {}).get('path')}")
     return 0 if tp["logits_within_tolerance"] else 1
 
 

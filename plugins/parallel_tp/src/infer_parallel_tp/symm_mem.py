@@ -129,9 +129,9 @@ def local_info(device: int) -> RankInfo:
     try:
         import torch.distributed._symmetric_memory as symm_mem
 
-        backend = symm_mem.get_backend(torch.device("cuda", device))
-        if backend not in (None, "CUDA"):
-            symm_mem.set_backend("CUDA")  # raises when another backend already allocated
+        get_backend = getattr(symm_mem, "get_backend", None)  # torch without it has only the CUDA backend
+        if get_backend is not None and get_backend(torch.device("cuda", device)) not in (None, "CUDA"):
+            symm_mem.set_backend("CUDA")  # raises when another backend (NVSHMEM, NCCL) already allocated
     except Exception as e:  # noqa: BLE001 - any failure here means: use NCCL
         problems.append(f"symmetric memory's CUDA backend is not available ({e})")
     peers = {d: d == device or torch.cuda.can_device_access_peer(device, d) for d in range(torch.cuda.device_count())}
