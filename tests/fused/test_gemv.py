@@ -8,6 +8,7 @@ to their dtype (the kernel rounds once, after the bias; the interpreter truncate
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from infer_core.interfaces import ParallelContext
 from infer_core.layers import fused
 from infer_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from infer_core.layers.fused.dense import GEMV_MAX_ROWS, dense_linear, use_gemv
-from infer_core.layers.fused.gemv import LARGE_K, MAX_ROWS, GemvConfig, choose_config, gemv
+from infer_core.layers.fused.gemv import LARGE_K, MAX_ROWS, GemvConfig, choose_config, gemv, prefetch_lines
 
 # tails everywhere: N=37 leaves 5 of 16 (and 1 of 4) columns, K=45 leaves 13 of 16 and is no power of two
 N, K = 37, 45
@@ -128,6 +129,22 @@ def test_heuristic_fills_the_gpu_at_real_shapes(num_sms):
         assert cfg.num_stages == (1 if cfg.block_k == k or large_k else 3), (n, k, cfg)
     assert choose_config(1024, 3072, 2, 132) == GemvConfig(block_n=4, block_k=1024, num_warps=2, num_stages=3)
     assert choose_config(6144, 4096, 2, 132) == GemvConfig(block_n=8, block_k=2048, num_warps=16, num_stages=1)
+
+
+def test_prefetch_lines_only_with_pdl_and_several_k_steps():
+    """How much of each W row a program asks L2 for before the PDL wait: its first prefetch_steps K steps
+    (in 128-byte lines, a power of two), never past K, nothing without PDL or for a one-step tile."""
+    large = choose_config(6144, 4096, 2, 132)  # Qwen3-8B's qkv: 8 x 2048, two K steps
+    assert large.block_k == 2048 and large.prefetch_steps == 1
+    assert prefetch_lines(large, 4096, 2, pdl=True) == 32  # 2048 bf16 = 4 KiB
+    assert prefetch_lines(replace(large, prefetch_steps=2), 4096, 2, pdl=True) == 64
+    assert prefetch_lines(replace(large, prefetch_steps=6), 4096, 2, pdl=True) == 64  # all of K, no more
+    assert prefetch_lines(large, 4096, 2, pdl=False) == 0  # nothing to overlap: the kernel before has ended
+    assert prefetch_lines(replace(large, prefetch_steps=0), 4096, 2, pdl=True) == 0
+    one_step = choose_config(4096, 1024, 2, 132)  # loads its whole tile into registers before the wait instead
+    assert one_step.block_k >= 1024 and prefetch_lines(one_step, 1024, 2, pdl=True) == 0
+    assert prefetch_lines(GemvConfig(8, 256, 2, 3), 1000, 4, pdl=True) == 8  # float32: 1 KiB
+    assert prefetch_lines(GemvConfig(8, 256, 2, 3, prefetch_steps=3), 1000, 2, pdl=True) == 16  # 1536 B -> 12 -> 16
 
 
 def test_dispatch_limit_is_within_the_kernel():

@@ -1,7 +1,10 @@
 """The GEMV kernel on CUDA at the real projection shapes: against F.linear in float64, graph replay
-equal to eager bit for bit, and the dispatch of the linear layers and the LM head to it."""
+equal to eager bit for bit, the L2 prefetch before the PDL wait changing no bit, and the dispatch of the
+linear layers and the LM head to it."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -12,8 +15,9 @@ from infer_core.builtin.quant_none import UnquantizedLinearMethod
 from infer_core.interfaces import ParallelContext
 from infer_core.layers import fused
 from infer_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from infer_core.layers.fused import use_pdl
 from infer_core.layers.fused.dense import GEMV_MAX_ROWS, use_gemv
-from infer_core.layers.fused.gemv import MAX_ROWS, GemvConfig, gemv
+from infer_core.layers.fused.gemv import MAX_ROWS, GemvConfig, choose_config, gemv, num_sms
 
 pytestmark = pytest.mark.gpu
 
@@ -93,6 +97,47 @@ def test_graph_replay_equals_eager_bit_for_bit(num_rows):
         again = forward()
         for got, want, want_again in zip(static_out, eager, again):
             assert torch.equal(got, want) and torch.equal(want, want_again)
+
+
+# several K steps a program: Qwen3-8B's and Llama-3.1-8B's projections and LM heads (1 stage), Qwen3-0.6B's down (3)
+SEVERAL_STEPS = SHAPES["qwen3-8b"] + SHAPES["llama-3.1-8b"] + [(151936, 4096), (1024, 3072)]
+
+
+def capture(forward):
+    """A CUDA graph of ``forward`` (compiled first) and its static outputs."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        forward()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            static_out = forward()
+    torch.cuda.current_stream().wait_stream(stream)
+    return graph, static_out
+
+
+@pytest.mark.parametrize("num_rows", [1, 2, 8])
+def test_l2_prefetch_changes_no_bit(num_rows):
+    """Programs of several K steps ask L2 for their first steps' W before the PDL wait (gemv.prefetch_w_to_l2).
+    Nothing it does reaches the sums: the same bits as prefetch_steps=0 (the kernel as it was before the
+    prefetch), eagerly and replayed back to back from a graph, where each call may start during the one before."""
+    if not use_pdl(rows(1, 8)):
+        pytest.skip("the prefetch is issued only with PDL (sm_90 or newer, fused.PDL on)")
+    layers = []
+    for n, k in SEVERAL_STEPS:
+        w, b = weights(n, k, seed=n + k)
+        cfg = choose_config(n, k, 2, num_sms(w.device))
+        assert cfg.block_k < k and cfg.prefetch_steps >= 1, (n, k, cfg)
+        layers.append((w, b, cfg))
+    xs = {k: rows(num_rows, k, seed=k) for k in {w.shape[1] for w, _, _ in layers}}
+    without = [gemv(xs[w.shape[1]], w, b, config=replace(cfg, prefetch_steps=0)) for w, b, cfg in layers]
+    for steps in (1, 2, 6):
+        for (w, b, cfg), want in zip(layers, without):
+            assert torch.equal(gemv(xs[w.shape[1]], w, b, config=replace(cfg, prefetch_steps=steps)), want)
+    graph, static_out = capture(lambda: [gemv(xs[w.shape[1]], w, b) for w, b, _ in layers])  # default tiles
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(got, want) for got, want in zip(static_out, without))
 
 
 def test_linear_method_dispatch():

@@ -6,6 +6,11 @@ to rms_norm + gemv (+ silu_and_mul) only if each of its sums (a row's sum of squ
 products over a K tile) has the layout the separate kernel gives it. The interpreter cannot show
 this (it sums with numpy); here the kernels are compiled for sm_90 without a GPU (Triton's own
 ptxas) at the real Qwen3-0.6B / Qwen3-8B shapes, and every ``tt.reduce`` operand's layout compared.
+
+The same compiles check the L2 prefetch that programs of several K steps issue before the PDL wait
+(``gemv.prefetch_w_to_l2``): which products become FMAs is the compiler's choice, made on the code
+around them, so the kernel with the prefetch must compile to the float instructions of the kernel
+without it (``PREFETCH_LINES=0``: the code before the prefetch existed), one for one.
 The compiling runs in a child process (this file as a script): the test process runs the interpreter.
 """
 
@@ -23,6 +28,9 @@ import torch
 triton = pytest.importorskip("triton")
 
 SMS = 132  # an H100
+# a float instruction of the PTX (arithmetic, conversions, shuffles of the reductions), its registers renamed below
+FLOAT_OP = re.compile(r"^(?:@!?%p\d+\s+)?((?:fma|mul|add|sub|div|rsqrt|ex2|max|min|neg|abs)\.\S*f32"
+                      r"|cvt\.\S*(?:f32|bf16|f16)\S*|shfl\.\S+|selp\.f32)\s+([^;]*);")
 MODELS = {"qwen3-0.6b": (1024, 4096, 6144), "qwen3-8b": (4096, 6144, 24576)}  # hidden, qkv rows, gate_up rows
 
 
@@ -30,8 +38,8 @@ class CannotCompile(Exception):
     pass
 
 
-def compile_for_sm90(fn, args: dict, constexprs: dict, num_warps: int, num_stages: int) -> str:
-    """The TTGIR of ``fn`` specialised as the JIT would for these arguments (16-byte aligned tensors)."""
+def compile_for_sm90(fn, args: dict, constexprs: dict, num_warps: int, num_stages: int) -> dict:
+    """``fn``'s code (``asm``: ttgir, ptx, ...) specialised as the JIT would for these arguments (aligned tensors)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -55,7 +63,28 @@ def compile_for_sm90(fn, args: dict, constexprs: dict, num_warps: int, num_stage
                                   options={"num_warps": num_warps, "num_stages": num_stages, "launch_pdl": True})
     except Exception as exc:  # no NVIDIA backend or ptxas in this triton install
         raise CannotCompile(f"{type(exc).__name__}: {exc}") from exc
-    return compiled.asm["ttgir"]
+    return compiled.asm
+
+
+def float_ops(ptx: str) -> list[str]:
+    """The PTX's float instructions in order, registers renamed by first appearance (two compiles of one
+    computation give the same list, whatever their register numbers)."""
+    names, found = {}, []
+    for line in ptx.splitlines():
+        m = FLOAT_OP.match(line.strip())
+        if m:
+            operands = re.sub(r"%[a-z]+\d+", lambda r: names.setdefault(r.group(0), f"v{len(names)}"), m.group(2))
+            found.append(f"{m.group(1)} {operands}")
+    return found
+
+
+def prefetch_summary(ptx: str) -> dict:
+    """The L2 prefetches and where they stand: before the PDL wait, as they must (W only: no kernel writes it)."""
+    lines = [line.strip() for line in ptx.splitlines()]
+    wait = next(i for i, line in enumerate(lines) if line.startswith("griddepcontrol.wait"))
+    prefetches = [i for i, line in enumerate(lines) if line.startswith("prefetch.global.L2")]
+    return dict(num_prefetches=len(prefetches), all_before_wait=all(i < wait for i in prefetches),
+                float_ops=float_ops(ptx))
 
 
 def reduce_layouts(ttgir: str) -> list[str]:
@@ -81,22 +110,33 @@ def rms_norm_layouts(k: int, num_rows: int) -> list[str]:
                 stride_x_outer=k, stride_x_inner=0, stride_x_col=1, stride_r_outer=k, stride_r_inner=0,
                 stride_r_col=1, eps=1e-6)
     return reduce_layouts(compile_for_sm90(_rms_norm_kernel, args, dict(
-        HAS_RESIDUAL=True, SINGLE_PASS=True, BLOCK_M=bm, BLOCK_N=bn, USE_PDL=True), warps, 3))
+        HAS_RESIDUAL=True, SINGLE_PASS=True, BLOCK_M=bm, BLOCK_N=bn, USE_PDL=True), warps, 3)["ttgir"])
 
 
-def gemv_layouts(n: int, k: int, num_rows: int, cfg) -> list[str]:
+def h100_prefetch(cfg, k: int) -> int:
+    """PREFETCH_LINES as the launchers pass it on an H100 (PDL on, bf16)."""
+    from infer_core.layers.fused.gemv import prefetch_lines
+
+    return prefetch_lines(cfg, k, 2, True)
+
+
+def gemv_asm(n: int, k: int, num_rows: int, cfg, prefetch: int) -> dict:
     from infer_core.layers.fused.gemv import _gemv_kernel
 
     t = torch.empty(1, dtype=torch.bfloat16)
     args = dict(x_ptr=t, w_ptr=t, bias_ptr=t, y_ptr=t, num_rows=num_rows, N=n, K=k, stride_xm=k, stride_wn=k,
                 stride_ym=n)
-    return reduce_layouts(compile_for_sm90(_gemv_kernel, args, dict(
+    return compile_for_sm90(_gemv_kernel, args, dict(
         BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=True, NUM_STAGES=cfg.num_stages, SINGLE_STEP=cfg.block_k >= k,
-        USE_PDL=True), cfg.num_warps, cfg.num_stages))
+        PREFETCH_LINES=prefetch, USE_PDL=True), cfg.num_warps, cfg.num_stages)
 
 
-def fused_layouts(n: int, k: int, num_rows: int, cfg, *, norm: bool, silu: bool) -> list[str]:
+def gemv_layouts(n: int, k: int, num_rows: int, cfg) -> list[str]:
+    return reduce_layouts(gemv_asm(n, k, num_rows, cfg, h100_prefetch(cfg, k))["ttgir"])
+
+
+def fused_asm(n: int, k: int, num_rows: int, cfg, prefetch: int, *, norm: bool, silu: bool) -> dict:
     from infer_core.layers.fused.norm_gemv import _norm_gemv_kernel
     from infer_core.layers.fused.rms_norm import MAX_SINGLE_PASS
     from infer_core.layers.fused.rms_norm import _tiles as norm_tiles
@@ -106,11 +146,41 @@ def fused_layouts(n: int, k: int, num_rows: int, cfg, *, norm: bool, silu: bool)
     bm, bn, _, _ = norm_tiles(k, MAX_SINGLE_PASS)
     args = dict(x_ptr=t, res_ptr=t, norm_w_ptr=t, w_ptr=t, bias_ptr=t, y_ptr=t, res_out_ptr=t, num_rows=num_rows,
                 N=n_out, K=k, stride_xm=k, stride_rm=k, stride_wn=k, stride_ym=n_out, eps=1e-6)
-    return reduce_layouts(compile_for_sm90(_norm_gemv_kernel, args, dict(
+    return compile_for_sm90(_norm_gemv_kernel, args, dict(
         BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=True, NUM_STAGES=cfg.num_stages, SINGLE_STEP=cfg.block_k >= k,
-        HAS_NORM=norm, HAS_RESIDUAL=norm, NORM_BLOCK_M=bm, NORM_BLOCK_N=bn, SILU=silu, USE_PDL=True),
-        cfg.num_warps, cfg.num_stages))
+        HAS_NORM=norm, HAS_RESIDUAL=norm, NORM_BLOCK_M=bm, NORM_BLOCK_N=bn, SILU=silu, PREFETCH_LINES=prefetch,
+        USE_PDL=True), cfg.num_warps, cfg.num_stages)
+
+
+def fused_layouts(n: int, k: int, num_rows: int, cfg, *, norm: bool, silu: bool) -> list[str]:
+    return reduce_layouts(fused_asm(n, k, num_rows, cfg, h100_prefetch(cfg, k), norm=norm, silu=silu)["ttgir"])
+
+
+def prefetch_cases() -> list[dict]:
+    """Each kernel of several K steps at Qwen3-8B's projections (and a pipelined Qwen3-0.6B one), 1 and 2 rows:
+    compiled without the prefetch and with 1 and 2 K steps of it."""
+    from dataclasses import replace
+
+    from infer_core.layers.fused.gemv import GemvConfig, choose_config, config_after_rms_norm
+
+    kernels = [(f"gemv {n}x{k}", n, k, choose_config(n, k, 2, SMS), None)
+               for n, k in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096))]
+    kernels.append(("gemv 1024x3072 (3 stages)", 1024, 3072, choose_config(1024, 3072, 2, SMS), None))
+    kernels += [("norm+qkv 6144x4096", 6144, 4096, config_after_rms_norm(6144, 4096, 2, SMS), False),
+                ("norm+gate_up+silu 24576x4096", 24576, 4096, config_after_rms_norm(24576, 4096, 2, SMS), True),
+                ("gate_up+silu 1024x1000, tail", 1024, 1000, GemvConfig(8, 256, 2, 3), True)]
+    cases = []
+    for name, n, k, cfg, silu in kernels:
+        for num_rows in (1, 2):
+            found = {}
+            for steps in (0, 1, 2):
+                lines = h100_prefetch(replace(cfg, prefetch_steps=steps), k)
+                asm = (gemv_asm(n, k, num_rows, cfg, lines) if silu is None else
+                       fused_asm(n, k, num_rows, cfg, lines, norm=not name.startswith("gate_up"), silu=silu))
+                found[steps] = dict(prefetch_lines=lines, **prefetch_summary(asm["ptx"]))
+            cases.append(dict(case=f"{name} rows={num_rows}", block_k=cfg.block_k, k=k, by_steps=found))
+    return cases
 
 
 def collect() -> dict:
@@ -141,7 +211,7 @@ def collect() -> dict:
     four_warps = GemvConfig(block_n=8, block_k=1024, num_warps=4, num_stages=1)
     four_warp_squares = tiles_of(fused_layouts(n_qkv, k, 1, four_warps, norm=True, silu=False), norm_bm, norm_bn)
     return dict(cases=cases, norm_warps=norm_warps, sum_of_squares=rms_norm_layouts(k, 1)[0],
-                four_warp_squares=four_warp_squares)
+                four_warp_squares=four_warp_squares, prefetch=prefetch_cases())
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +240,19 @@ def test_the_warp_count_changes_the_layout(layouts):
     squares inside the fused kernel would be laid out unlike rms_norm's (2 warps), so its bits could differ."""
     assert layouts["norm_warps"] == 2
     assert layouts["four_warp_squares"] and layouts["sum_of_squares"] not in layouts["four_warp_squares"]
+
+
+def test_l2_prefetch_stands_before_the_wait_and_changes_no_float_instruction(layouts):
+    """Programs of several K steps ask L2 for W before the PDL wait; the sums compile as without it (same bits)."""
+    for case in layouts["prefetch"]:
+        without = case["by_steps"]["0"]
+        assert without["num_prefetches"] == 0 and without["prefetch_lines"] == 0, case["case"]
+        for steps in ("1", "2"):
+            found = case["by_steps"][steps]
+            want_k = min(case["k"], int(steps) * case["block_k"])  # elements of each row asked for
+            assert found["prefetch_lines"] * 64 >= want_k, (case["case"], steps)
+            assert found["num_prefetches"] >= 1 and found["all_before_wait"], (case["case"], steps)
+            assert found["float_ops"] == without["float_ops"], (case["case"], steps)
 
 
 if __name__ == "__main__":

@@ -114,6 +114,18 @@ def test_strided_rows(device):
     assert torch.equal(got, want) and torch.equal(got_sum, want_sum)
 
 
+def test_large_k_tiles_in_several_steps_with_a_tail(device):
+    """K=4100 after a norm: the large-K tiles at 16 warps in 17 K steps of 256, the last masked to 4 elements."""
+    n, k = 24, 4100
+    cfg = config_after_rms_norm(n, k, 2, num_sms(torch.device(device)))
+    assert cfg.num_warps == 16 and cfg.block_k < k and k % cfg.block_k, cfg
+    x, residual, norm_weight, weight, bias = make_inputs(2, n, k, torch.bfloat16, device, seed=41)
+    for silu in (False, True):
+        got, got_sum = rms_norm_gemv(x, norm_weight, EPS, weight, bias, residual, silu=silu)
+        want, want_sum = separate(x, residual, norm_weight, weight, bias, None, silu)
+        assert torch.equal(got, want) and torch.equal(got_sum, want_sum)
+
+
 def test_one_k_step_at_the_norms_warps():
     """After a norm the GEMV runs at rms_norm's warp count, one K step where 4+ columns leave room for it;
     from K=4096 (16 warps) the large-K tiles: two or more steps of 32 KiB, unpipelined."""

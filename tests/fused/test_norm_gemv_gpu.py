@@ -4,14 +4,15 @@ the real shapes, under CUDA graphs and with PDL, through the decoder layer, and 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
 
 from infer_core import LLM, SamplingParams
 from infer_core.layers import fused
-from infer_core.layers.fused import gemv_fusion
-from infer_core.layers.fused.gemv import GemvConfig, gemv
+from infer_core.layers.fused import gemv_fusion, use_pdl
+from infer_core.layers.fused.gemv import GemvConfig, choose_config, config_after_rms_norm, gemv, num_sms
 from infer_core.layers.fused.norm_gemv import gemv_silu_and_mul, rms_norm_gemv
 from infer_core.layers.fused.rms_norm import rms_norm
 from infer_core.layers.fused.silu_and_mul import silu_and_mul
@@ -63,6 +64,30 @@ def test_real_shapes_equal_the_separate_kernels(model):
                     check_equal(x, res, norm_weight, weight, b, silu)
             if silu:  # without a norm: the two launches at the plain GEMV's tiles
                 assert torch.equal(gemv_silu_and_mul(x, weight, bias), silu_and_mul(gemv(x, weight, bias)))
+
+
+@pytest.mark.parametrize("model", ["qwen3-8b", "llama-3.1-8b"])
+def test_l2_prefetch_changes_no_bit(model):
+    """At K=4096 a program takes two K steps and asks L2 for W before the PDL wait: the fused launch gives
+    the bits it gives without the prefetch (prefetch_steps=0: the kernel before it), whatever it asks for."""
+    if not use_pdl(torch.zeros(1, device="cuda")):
+        pytest.skip("the prefetch is issued only with PDL (sm_90 or newer, fused.PDL on)")
+    k, n_qkv, n_gate_up = MODELS[model]
+    for n, silu in ((n_qkv, False), (n_gate_up, True)):
+        cfg = config_after_rms_norm(n, k, 2, num_sms(torch.device("cuda")))
+        assert cfg.block_k < k and cfg.prefetch_steps >= 1, cfg
+        for num_rows in (1, 2):
+            x, residual, norm_weight, weight, bias = inputs(num_rows, n, k, seed=num_rows)
+            want = rms_norm_gemv(x, norm_weight, EPS, weight, bias, residual, silu=silu,
+                                 config=replace(cfg, prefetch_steps=0))
+            for steps in (1, 2):
+                got = rms_norm_gemv(x, norm_weight, EPS, weight, bias, residual, silu=silu,
+                                    config=replace(cfg, prefetch_steps=steps))
+                assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+            if silu:  # without the norm: the plain GEMV's tiles
+                plain = choose_config(n, k, 2, num_sms(x.device))
+                assert torch.equal(gemv_silu_and_mul(x, weight, bias),
+                                   gemv_silu_and_mul(x, weight, bias, config=replace(plain, prefetch_steps=0)))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)

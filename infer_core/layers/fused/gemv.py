@@ -14,8 +14,15 @@ not stored), so one compiled variant serves M=5..8 and the graphs' batch sizes 1
 A ``tl.dot`` variant for 3..8 rows was measured on an H100 and removed: it was 4 fp16 steps off the
 exact result and slower than cuBLAS at 8 rows. The tiles come from (N, K) alone (no autotuning: it
 would run inside graph capture); a GEMV whose x is an RMSNorm's output takes the tiles it also runs
-fused with that norm (``config_after_rms_norm``, ``fused/norm_gemv.py``). A program of one K step
-loads its W tile before waiting on the kernel before it (PDL): no kernel writes weights.
+fused with that norm (``config_after_rms_norm``, ``fused/norm_gemv.py``).
+
+No kernel writes weights, so W may be read before waiting on the kernel before (PDL, ``fused/pdl.py``):
+a program of one K step loads its whole tile into registers first; a program of several K steps asks
+L2 for the W of its first ``prefetch_steps`` K steps (``prefetch.global.L2``, nothing into registers),
+so the DRAM reads start while the kernel before drains and the K loop finds its first tiles in L2.
+The loop itself is left as it is: which products the compiler contracts into FMAs depends on the
+code around them, and a peeled first step compiled for sm_90 (Triton 3.9) rounded other products
+than the loop at two rows, which would change the bits and part the fused kernels from this one.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ PROGRAMS_PER_SM = 2  # at least two programs an SM: one loads while the other su
 TILE_BYTES = 16 << 10  # W bytes one program loads per K step: 64 bf16 values a thread at 4 warps
 VALUES_PER_THREAD = 64  # W values a thread holds per K step
 INTERPRETER_SMS = 4  # on the CPU (TRITON_INTERPRET=1) there is no device to ask; small grids run faster
+L2_LINE_BYTES = tl.constexpr(128)  # what one prefetch.global.L2 asks for
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +57,7 @@ class GemvConfig:
     block_k: int  # K elements per loop step
     num_warps: int
     num_stages: int  # K steps in flight (1: no software pipelining)
+    prefetch_steps: int = 1  # several K steps: the first ones' W asked of L2 before the PDL wait (0: none)
 
 
 @triton.jit
@@ -59,6 +68,21 @@ def load_w_tile(w_ptrs, k, K, EVEN_K: tl.constexpr):
     else:
         w = tl.load(w_ptrs, mask=(k < K)[None, :], other=0.0)
     return w.to(tl.float32)
+
+
+@triton.jit
+def prefetch_w_to_l2(w_ptr, w_rows, K, NUM_LINES: tl.constexpr):
+    """Ask L2 for the first ``NUM_LINES`` 128-byte lines of each of this program's W rows, without waiting.
+
+    ``w_rows``: the rows' offsets in elements. Lines past K are clamped onto the row's last element
+    (the same line again), so no address leaves W. Loads nothing into registers: the code that sums is
+    untouched. On CUDA only (inline PTX): the launchers ask for it with PDL, which the interpreter never has.
+    """
+    line = L2_LINE_BYTES // (w_ptr.dtype.element_ty.primitive_bitwidth // 8)
+    offs = tl.minimum(tl.arange(0, NUM_LINES) * line, K - 1)
+    ptrs = w_ptr + w_rows[:, None] + offs[None, :]
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
 
 
 @triton.jit
@@ -91,6 +115,7 @@ def _gemv_kernel(
     HAS_BIAS: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     SINGLE_STEP: tl.constexpr,
+    PREFETCH_LINES: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -101,6 +126,8 @@ def _gemv_kernel(
     w_ptrs = w_ptr + w_rows[:, None] + offs_k[None, :]
     if SINGLE_STEP:  # no kernel writes weights: the whole tile may load while the kernel before drains
         w_first = load_w_tile(w_ptrs, offs_k, K, EVEN_K)
+    if PREFETCH_LINES > 0:  # several steps: the first ones' W streams into L2 meanwhile
+        prefetch_w_to_l2(w_ptr, w_rows, K, PREFETCH_LINES)
     pdl_enter(USE_PDL)  # before any other load or store: see fused/pdl.py
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     # an explicit loop stage count lets Triton pipeline loads that feed no dot (cp.async into shared memory)
@@ -170,6 +197,18 @@ def choose_config(n: int, k: int, element_size: int, num_sms: int, num_warps: in
     return GemvConfig(block_n, block_k, num_warps=num_warps, num_stages=num_stages)
 
 
+def prefetch_lines(config: GemvConfig, k: int, element_size: int, pdl: bool) -> int:
+    """L2 lines of each W row a program asks for before the PDL wait (a power of two; 0: none).
+
+    Only with PDL (without it the kernel before has drained when this one starts, and the loop's own
+    loads are as early) and only for programs of several K steps (one step loads its tile into registers).
+    """
+    if not pdl or config.block_k >= k or config.prefetch_steps <= 0:
+        return 0
+    num_bytes = min(k, config.prefetch_steps * config.block_k) * element_size
+    return triton.next_power_of_2(triton.cdiv(num_bytes, L2_LINE_BYTES.value))
+
+
 def rms_norm_warps(k: int) -> int | None:
     """The warps of ``fused/rms_norm.py``'s kernel on rows of ``k`` (None: rows it normalises in two passes)."""
     if k > MAX_SINGLE_PASS:
@@ -233,7 +272,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         rows, weight, bias if bias is not None else weight, out, num_rows, n, k, rows.stride(0), weight.stride(0), n,
         BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None,
-        NUM_STAGES=cfg.num_stages, SINGLE_STEP=cfg.block_k >= k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        USE_PDL=pdl, launch_pdl=pdl,
+        NUM_STAGES=cfg.num_stages, SINGLE_STEP=cfg.block_k >= k,
+        PREFETCH_LINES=prefetch_lines(cfg, k, x.element_size(), pdl), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, USE_PDL=pdl, launch_pdl=pdl,
     )
     return out

@@ -11,8 +11,10 @@ launch of a microsecond or two that reads a few KiB. Here one GEMV launch does a
   and the same j of up (rows j and I + j of W: also a tensor-parallel shard of gate_up is
   ``[gate shard; up shard]``), so its outputs need nothing from other programs.
 
-A program whose W tile holds all of K (``config_after_rms_norm`` prefers those) loads it before the
-PDL wait, so W streams in while the kernel before drains and while the norm's prologue runs.
+W is read before the PDL wait as in ``gemv.py``: a program whose tile holds all of K
+(``config_after_rms_norm`` prefers those) loads it into registers, one of several K steps (K >= 4096)
+asks L2 for its first steps' W; either way W streams in while the kernel before drains and while the
+norm's prologue runs, and the K loop is the plain GEMV's.
 
 Bit for bit what ``fused/rms_norm.py``, ``fused/gemv.py`` and ``fused/silu_and_mul.py`` give one after
 the other: each value is rounded to the dtype where those kernels store it (the sum x + residual,
@@ -40,6 +42,8 @@ from infer_core.layers.fused.gemv import (
     config_after_rms_norm,
     load_w_tile,
     num_sms,
+    prefetch_lines,
+    prefetch_w_to_l2,
 )
 from infer_core.layers.fused.pdl import pdl_enter
 from infer_core.layers.fused.rms_norm import MAX_SINGLE_PASS, _load_row_chunk
@@ -117,6 +121,7 @@ def _norm_gemv_kernel(
     NORM_BLOCK_M: tl.constexpr,
     NORM_BLOCK_N: tl.constexpr,
     SILU: tl.constexpr,
+    PREFETCH_LINES: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """``y[M, N]``: (silu(gate) * up of) ``norm(x (+ residual)) @ W^T (+ bias)``; N is I with SILU (W has 2I rows)."""
@@ -131,6 +136,10 @@ def _norm_gemv_kernel(
         gate_first = load_w_tile(gate_ptrs, offs_k, K, EVEN_K)
         if SILU:
             up_first = load_w_tile(up_ptrs, offs_k, K, EVEN_K)
+    if PREFETCH_LINES > 0:  # several steps: the first ones' W streams into L2 meanwhile
+        prefetch_w_to_l2(w_ptr, col_rows * stride_wn, K, PREFETCH_LINES)
+        if SILU:
+            prefetch_w_to_l2(w_ptr, (col_rows + N) * stride_wn, K, PREFETCH_LINES)
     pdl_enter(USE_PDL)  # before any other load or store: see fused/pdl.py
     if HAS_NORM:
         rstd_rows = _rows_rstd(x_ptr, res_ptr, res_out_ptr, num_rows, K, stride_xm, stride_rm, eps, offs_m,
@@ -226,6 +235,7 @@ def _launch(x, residual, norm_weight, eps, weight, bias, silu: bool, config: Gem
         EVEN_K=k % config.block_k == 0, HAS_BIAS=bias is not None, NUM_STAGES=config.num_stages,
         SINGLE_STEP=config.block_k >= k, HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None,
         NORM_BLOCK_M=norm_block_m, NORM_BLOCK_N=norm_block_n, SILU=silu,
+        PREFETCH_LINES=prefetch_lines(config, k, x.element_size(), pdl),
         num_warps=config.num_warps, num_stages=config.num_stages,
         USE_PDL=pdl, launch_pdl=pdl,
     )
