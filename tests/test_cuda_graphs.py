@@ -84,6 +84,8 @@ def test_padded_decode_batch_points_padding_at_the_pad_block():
     assert h["query_start_loc"][:9].tolist() == list(range(9))
     assert (buffers.block_tables_np[3:8] == pad_block).all()
     assert inputs.sample_rows == [0, 1, 2] and inputs.logits_indices.tolist() == [0, 1, 2]
+    # longest context first, the padding rows (1 token) last, ties in batch order
+    assert h["decode_order"][:8].tolist() == [1, 2, 0, 3, 4, 5, 6, 7]
 
 
 def test_step_inputs_of_a_mixed_batch_follow_the_table():

@@ -60,6 +60,10 @@ class BatchMetadata:
     slot_mapping: torch.Tensor  # int32 [num_tokens], cache slot of each new token (-1: skip)
     query_start_loc_cpu: torch.Tensor
     seq_lens_cpu: torch.Tensor
+    # int32 [num_decode_only]: the decode-only requests longest context first. A backend may launch
+    # its decode programs in this order so the longest start first and short ones fill the tail
+    # (a ragged batch otherwise ends on a few long programs). None: batch order.
+    decode_order: torch.Tensor | None = None
 
     @property
     def context_lens_cpu(self) -> torch.Tensor:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from infer_core.interfaces import BatchMetadata
@@ -82,6 +83,7 @@ class CudaGraphRunner:
         """Decode-only metadata over the first ``size`` rows of the persistent buffers."""
         b = self.buffers
         b.fill_padding(0, size, 0, size, self.block_size)
+        b.host["decode_order"][:size] = np.arange(size)  # each replay's step writes its own order
         b.copy_to_device(size, b.max_blocks_per_req)
         return BatchMetadata(
             num_reqs=size, num_tokens=size, num_decode_only=size, max_query_len=1, max_seq_len=self.max_seq_len,
@@ -92,6 +94,7 @@ class CudaGraphRunner:
             slot_mapping=b.dev["slot_mapping"][:size],
             query_start_loc_cpu=torch.arange(size + 1, dtype=torch.int32),
             seq_lens_cpu=torch.full((size,), self.max_seq_len, dtype=torch.int32),
+            decode_order=b.dev["decode_order"][:size],
         )
 
     def _prefill_metadata(self, size: int) -> BatchMetadata:

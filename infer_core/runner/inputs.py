@@ -18,7 +18,7 @@ from infer_core.runner.state import RequestTable
 
 # The packed 1-D inputs, in order: per token, then per request (+1 for query_start_loc's end).
 _TOKEN_FIELDS = ("input_ids", "positions", "slot_mapping", "logits_indices")
-_REQUEST_FIELDS = ("query_start_loc", "seq_lens", "pending_dst", "pending_src")
+_REQUEST_FIELDS = ("query_start_loc", "seq_lens", "pending_dst", "pending_src", "decode_order")
 
 
 @dataclass(slots=True)
@@ -49,7 +49,7 @@ class StepBuffers:
         self.max_num_tokens, self.max_num_reqs = max_num_tokens, max_num_reqs
         self.max_blocks_per_req = max_blocks_per_req
         self.pad_block = pad_block
-        sizes = [max_num_tokens] * len(_TOKEN_FIELDS) + [max_num_reqs + 1, max_num_reqs, max_num_reqs, max_num_reqs]
+        sizes = [max_num_tokens] * len(_TOKEN_FIELDS) + [max_num_reqs + 1] + [max_num_reqs] * (len(_REQUEST_FIELDS) - 1)
         pin = device.type == "cuda"
         self._packed_host = torch.zeros(sum(sizes), dtype=torch.int32, pin_memory=pin)
         self._block_tables_host = torch.zeros(max_num_reqs, max_blocks_per_req, dtype=torch.int32, pin_memory=pin)
@@ -178,12 +178,16 @@ def build_step_inputs(
 
     if padded_tokens > num_tokens:
         buffers.fill_padding(num_tokens, padded_tokens, num_reqs, padded_reqs, block_size)
+    num_decode_only = int(np.count_nonzero(query_lens == 1))
+    # the decode-only rows (a graph's padding rows too), longest context first: see BatchMetadata.decode_order
+    num_ordered = padded_reqs if num_decode_only == num_reqs else num_decode_only
+    h["decode_order"][:num_ordered] = np.argsort(-h["seq_lens"][:num_ordered], kind="stable")
     buffers.copy_to_device(padded_reqs, max_blocks)
     d = buffers.dev
     metadata = BatchMetadata(
         num_reqs=num_reqs,
         num_tokens=num_tokens,
-        num_decode_only=int(np.count_nonzero(query_lens == 1)),
+        num_decode_only=num_decode_only,
         max_query_len=int(query_lens.max()),
         max_seq_len=int(seq_lens.max()),
         block_size=block_size,
@@ -193,6 +197,7 @@ def build_step_inputs(
         slot_mapping=d["slot_mapping"][:num_tokens],
         query_start_loc_cpu=torch.from_numpy(query_start_loc),
         seq_lens_cpu=torch.from_numpy(seq_lens),
+        decode_order=d["decode_order"][:num_decode_only],
     )
     return StepInputs(
         request_ids=request_ids,

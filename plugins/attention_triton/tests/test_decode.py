@@ -10,7 +10,7 @@ from infer_attention_triton.testing import make_paged_batch, reference_attention
 from infer_attention_triton.tiles import DecodeTiles, choose_num_splits
 
 
-def run_decode(batch, scale, num_splits, block_n, sliding_window=None):
+def run_decode(batch, scale, num_splits, block_n, sliding_window=None, req_order=None):
     num_seqs, num_heads, head_dim = batch.q.shape
     out = torch.full_like(batch.q, float("nan"))
     scratch = SplitScratch.allocate(num_seqs, num_heads, num_splits, head_dim, batch.q.device)
@@ -26,8 +26,22 @@ def run_decode(batch, scale, num_splits, block_n, sliding_window=None):
         tiles=DecodeTiles(block_n, 4, 2),
         sliding_window=sliding_window,
         scratch=scratch,
+        req_order=req_order,
     )
     return out
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_launch_order_changes_no_bit(device, num_splits):
+    """Programs launched longest context first (BatchMetadata.decode_order) write what batch order writes."""
+    contexts = [3, 70, 17, 40, 0]
+    batch = make_paged_batch(contexts, [1] * len(contexts), num_heads=4, num_kv_heads=2, head_dim=32,
+                             block_size=16, device=device, seed=7)
+    write_new_tokens(batch)
+    order = torch.tensor(sorted(range(len(contexts)), key=lambda i: -contexts[i]), dtype=torch.int32, device=device)
+    in_order = run_decode(batch, 0.2, num_splits, 16, req_order=order)
+    assert torch.equal(in_order, run_decode(batch, 0.2, num_splits, 16))
+    assert relative_error(in_order, reference_attention(batch, 0.2)) < 1e-5
 
 
 # Contexts (before the new token) of 0 and 1, a block exactly, a block +-1, and a few blocks.

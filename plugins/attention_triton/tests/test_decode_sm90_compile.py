@@ -88,6 +88,7 @@ def compile_configs() -> list[dict]:
         decode.decode_attention(
             q, cache, tables, seq_lens, torch.zeros_like(q), scale=head_dim**-0.5, num_splits=num_splits,
             tiles=decode_tiles(head_dim), scratch=scratch, merge_in_kernel=merge_in_kernel,
+            req_order=torch.zeros(num_seqs, dtype=torch.int32),  # as the backend launches it
         )  # fmt: skip
         for name, kernel in compiled:
             results.append(

@@ -110,6 +110,7 @@ class TritonAttentionBackend(AttentionBackend):
                 tiles=self.decode_tiles,
                 sliding_window=layer.sliding_window,
                 scratch=metadata.scratch,
+                req_order=md.decode_order[:num_decodes] if md.decode_order is not None else None,
             )
         if md.num_reqs > num_decodes:
             prefill_attention(

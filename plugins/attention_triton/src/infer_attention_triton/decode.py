@@ -31,6 +31,7 @@ def _decode_kernel(
     cache_ptr,
     block_tables_ptr,
     seq_lens_ptr,
+    req_order_ptr,
     out_ptr,
     part_out_ptr,
     part_lse_ptr,
@@ -65,11 +66,15 @@ def _decode_kernel(
     USE_WINDOW: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    HAS_ORDER: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)  # before any load or store: see fused/pdl.py
-    req = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    # The KV heads vary fastest, then the requests in launch order: programs start roughly in that order
+    kv_head = tl.program_id(0)
+    req = tl.program_id(1)
+    if HAS_ORDER:
+        req = tl.load(req_order_ptr + req)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + req)
     first_key = 0
@@ -271,6 +276,7 @@ def decode_attention(
     sliding_window: int | None = None,
     scratch: SplitScratch | None = None,
     merge_in_kernel: bool = True,
+    req_order: torch.Tensor | None = None,
 ) -> None:
     """Attention of ``q[i]`` (``[num_seqs, num_heads, head_dim]``) over the first ``seq_lens[i]`` cached tokens.
 
@@ -278,6 +284,9 @@ def decode_attention(
     ``num_seqs`` rows are used). With ``num_splits > 1`` the partials go to ``scratch``, which
     must hold at least ``[num_seqs, num_heads, num_splits, head_dim]``; they are merged in the
     same launch, or by a second one with ``merge_in_kernel=False`` (the same bits, one more launch).
+    ``req_order`` (int32, a permutation of ``range(num_seqs)``): the order the requests' programs
+    are launched in, longest context first (``BatchMetadata.decode_order``); it changes no bit of
+    ``out``, only which programs end last.
     """
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads, page_size = kv_cache.shape[3], kv_cache.shape[2]
@@ -299,11 +308,12 @@ def decode_attention(
     merge_in_kernel = merge_in_kernel and is_split
     block_h, block_s = triton.next_power_of_2(group), triton.next_power_of_2(num_splits)
     pdl = use_pdl(q)
-    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+    _decode_kernel[(num_kv_heads, num_seqs, num_splits)](
         q,
         kv_cache,
         block_tables,
         seq_lens,
+        seq_lens if req_order is None else req_order,  # unread without an order
         out,
         part_out,
         part_lse,
@@ -335,6 +345,7 @@ def decode_attention(
         USE_WINDOW=sliding_window is not None,
         DOT_PRECISION=dot_precision(q.dtype),
         UPCAST=is_interpreted(),
+        HAS_ORDER=req_order is not None,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
         USE_PDL=pdl, launch_pdl=pdl,
