@@ -28,8 +28,9 @@ NVLink and adds them: a few microseconds. What ``torch.distributed._symmetric_me
 - No NVLink multicast (NVLS; the hosts forbid it): rendezvous creates a multicast object when the
   devices support one, unless ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``, which ``setup`` sets; only
   the peer-load kernels (no ``multimem_*``) are used.
-- Torch >= 2.11: rendezvous resolves the group's store itself (``enable_symm_mem_for_group`` is
-  deprecated; calling it would make every op call validate through the store).
+- Torch >= 2.11 resolves the group's store itself: ``enable_symm_mem_for_group`` is deprecated, and
+  registering the group would make each op call validate its buffer through the store. Older torch
+  needs it (and a torch that still asks for it says "group info"): then the group is registered.
 - Torch numbers its store exchanges per process; ranks whose processes have rendezvoused a
   different number of times would wait on different keys, so a later engine in a process whose
   workers are fresh takes NCCL (``num_rendezvous`` is compared first).
@@ -45,6 +46,7 @@ import os
 import socket
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -55,7 +57,7 @@ logger = logging.getLogger(__name__)
 ONE_SHOT_MAX_BYTES = 512 * 1024  # 64 tokens of a 4096-wide bfloat16 hidden state
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
 VECTOR_BYTES = 16  # the kernel's widest load; sizes and offsets are kept multiples of it
-MIN_TORCH = (2, 11)
+GROUP_REGISTRY_TORCH = (2, 11)  # from this version on, rendezvous finds the group's store itself
 RESCUE_PERIOD_S = 0.001
 RESCUE_MIN_SECONDS = 0.5  # a step launched just before the death was known is on the stream by then
 RESCUE_SECONDS = 30.0  # at most (NCCL kernels of an aborted group could keep the stream busy)
@@ -64,10 +66,6 @@ DEFAULT_SIGNAL_PAD_BYTES = 2048  # torch's, where it does not say
 
 # Symmetric-memory rendezvous this process has made (torch keeps the matching count in C++).
 _num_rendezvous = 0
-
-
-def num_rendezvous() -> int:
-    return _num_rendezvous
 
 
 def unsuitable(x: torch.Tensor, max_bytes: int) -> str | None:
@@ -121,8 +119,6 @@ def group_problems(infos: list[RankInfo]) -> list[str]:
 def local_info(device: int) -> RankInfo:
     """This rank's host, device, peer access and the reasons it cannot take part (torch, ops, backend)."""
     problems: list[str] = []
-    if torch.torch_version.TorchVersion(torch.__version__) < MIN_TORCH:
-        problems.append(f"torch {torch.__version__} < 2.11 (its symmetric memory needs enable_symm_mem_for_group)")
     ops = getattr(torch.ops, "symm_mem", None)
     if ops is None or not hasattr(ops, "one_shot_all_reduce_out"):
         problems.append("torch.ops.symm_mem.one_shot_all_reduce_out is missing from this torch build")
@@ -136,6 +132,15 @@ def local_info(device: int) -> RankInfo:
         problems.append(f"symmetric memory's CUDA backend is not available ({e})")
     peers = {d: d == device or torch.cuda.can_device_access_peer(device, d) for d in range(torch.cuda.device_count())}
     return RankInfo(socket.gethostname(), device, tuple(problems), peers, _num_rendezvous)
+
+
+def _register_group(group_name: str) -> None:
+    """Give symmetric memory the group's store, as torch < 2.11 needs (deprecated from 2.11 on)."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        symm_mem.enable_symm_mem_for_group(group_name)
 
 
 def rescue_views(pads: list[torch.Tensor], rank: int, dead: list[int]) -> list[tuple[torch.Tensor, int]]:
@@ -199,8 +204,17 @@ class OneShotAllReduce:
         os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"  # read by rendezvous: no NVLS object is made
         buffer = _SymmetricMemory.empty_strided_p2p((max_bytes,), (1,), torch.uint8, torch.device("cuda", device))
         group_name = dist.group.WORLD.group_name
+        if torch.torch_version.TorchVersion(torch.__version__) < GROUP_REGISTRY_TORCH:
+            _register_group(group_name)
         _num_rendezvous += 1
-        handle = _SymmetricMemory.rendezvous(buffer, group_name)
+        try:
+            handle = _SymmetricMemory.rendezvous(buffer, group_name)
+        except RuntimeError as e:
+            if "group info" not in str(e):
+                raise
+            # raised by every rank before any exchange (the same torch everywhere): register, retry
+            _register_group(group_name)
+            handle = _SymmetricMemory.rendezvous(buffer, group_name)
         if handle is None:
             raise RuntimeError("rendezvous returned no handle (the buffer is not symmetric memory)")
         if getattr(handle, "multicast_ptr", 0):
