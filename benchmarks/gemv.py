@@ -20,6 +20,19 @@ to retune ``choose_config`` (slow: a compile per tile and row count; use ``--mod
 The engine runs the GEMV up to ``infer_core.layers.fused.dense.GEMV_MAX_ROWS`` rows (``gemv_max_rows`` in the
 results' settings), F.linear beyond.
 
+Kernels launch as the engine launches them: with programmatic dependent launch where ``use_pdl`` says so
+(an H100: yes, unless ``--no-pdl``), so in a graph of back-to-back calls each may start while the one
+before drains, and programs of several K steps then ask L2 for their first ``prefetch_steps`` K steps
+of W first. Cells of one W copy (C=1) have no call before them in the graph: nothing to overlap there.
+``--prefetch-steps S ...`` times the GEMV of such cells again at each S (0: no prefetch, the kernel before it).
+
+``--step`` times one decode step's projections as the decoder runs them at 1-2 rows, each layer with its
+own weights (the whole model read once, as decode does), back to back in one CUDA graph with PDL: per
+layer the fused input-norm + qkv, o, the fused post-norm + gate_up + SiLU, down; then the final norm
+and the LM head (each launch reads what the one before wrote; attention, rotary and the rest are left
+out). Once per ``--prefetch-steps`` value (default 0 1 2) and once without PDL; ``equal``: the logits
+are those of prefetch 0 bit for bit. Needs the model's weights in GPU memory (Qwen3-8B: 15 GB).
+
 ``--fused`` times instead the decoder layer's two chains at decode sizes (``layers/fused/gemv_fusion.py``):
 input norm + qkv and post-attention norm + gate_up + SiLU-and-mul, as one launch (``fused``) against the
 launches the engine runs unfused (``separate``: rms_norm, the GEMV at its after-norm tiles, silu_and_mul)
@@ -29,6 +42,7 @@ fused result is the separate one bit for bit.
 
     python -m benchmarks.gemv --out DIR [--models Qwen3-0.6B ...] [--rows 1 8] [--sweep]
     python -m benchmarks.gemv --fused [--models Qwen3-0.6B Qwen3-8B] [--rows 1 2] [--out DIR]
+    python -m benchmarks.gemv --step [--models Qwen3-8B] [--rows 1 2] [--prefetch-steps 0 1 2] [--out DIR]
 """
 
 from __future__ import annotations
@@ -36,7 +50,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -47,6 +61,7 @@ from benchmarks.attention import bench_ms, copy_bandwidth, graph_ms
 from benchmarks.common import versions, write_result
 from benchmarks.fused_ops import max_ulps
 from infer_core.layers import fused
+from infer_core.layers.fused import use_pdl
 from infer_core.layers.fused.dense import GEMV_MAX_ROWS
 from infer_core.layers.fused.gemv import GemvConfig, choose_config, config_after_rms_norm, gemv
 from infer_core.layers.fused.norm_gemv import rms_norm_gemv
@@ -170,6 +185,80 @@ class Chain:
         return 1e3 * graph_ms(lambda: [op(*layer) for layer in self.layers]) / self.copies
 
 
+class DecodeStep:
+    """A decode step's projections of one model (module docstring, ``--step``): every layer's own weights."""
+
+    def __init__(self, model: str) -> None:
+        c = load_model_config(CONFIGS / model)
+        gen = torch.Generator(device=DEVICE).manual_seed(0)
+        h, q, kv, inter = c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
+
+        def weight(n: int, k: int) -> torch.Tensor:
+            return (torch.randn(n, k, device=DEVICE, generator=gen) / k**0.5).to(DTYPE)
+
+        def norm() -> torch.Tensor:
+            return (1 + 0.1 * torch.randn(h, device=DEVICE, generator=gen)).to(DTYPE)
+
+        self.layers = [dict(in_norm=norm(), qkv=weight(q + 2 * kv, h), o=weight(h, q), post_norm=norm(),
+                            gate_up=weight(2 * inter, h), down=weight(h, inter)) for _ in range(c.num_layers)]
+        self.final_norm, self.lm_head = norm(), weight(c.vocab_size, h)
+        self.hidden_size, self.q_size = h, q
+        tensors = [t for layer in self.layers for t in layer.values()] + [self.final_norm, self.lm_head]
+        self.num_bytes = sum(t.numel() * t.element_size() for t in tensors)
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        self.tiles = {"qkv": config_after_rms_norm(q + 2 * kv, h, 2, sms), "o": choose_config(h, q, 2, sms),
+                      "gate_up": config_after_rms_norm(2 * inter, h, 2, sms), "down": choose_config(h, inter, 2, sms),
+                      "lm_head": choose_config(c.vocab_size, h, 2, sms)}
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor, prefetch_steps: int) -> torch.Tensor:
+        cfg = {name: replace(tiles, prefetch_steps=prefetch_steps) for name, tiles in self.tiles.items()}
+        hidden = x
+        for w in self.layers:
+            qkv, residual = rms_norm_gemv(hidden, w["in_norm"], 1e-6, w["qkv"], None, residual, config=cfg["qkv"])
+            o = gemv(qkv[:, :self.q_size], w["o"], config=cfg["o"])  # stands in for the attention output
+            act, residual = rms_norm_gemv(o, w["post_norm"], 1e-6, w["gate_up"], None, residual, silu=True,
+                                          config=cfg["gate_up"])
+            hidden = gemv(act, w["down"], config=cfg["down"])
+        normed, _ = rms_norm(hidden, self.final_norm, 1e-6, residual)
+        return gemv(normed, self.lm_head, config=cfg["lm_head"])
+
+
+def main_step(args, copy_bw: float) -> None:
+    results = []
+    for model in args.models:
+        step = DecodeStep(model)
+        floor_us = step.num_bytes / copy_bw * 1e6
+        for num_rows in args.rows:
+            gen = torch.Generator(device=DEVICE).manual_seed(num_rows)
+            x, residual = (torch.randn(2, num_rows, step.hidden_size, device=DEVICE, generator=gen)).to(DTYPE)
+            want = step.forward(x, residual, 0).view(torch.int16)
+            variants = [(f"prefetch {s}", s, True) for s in args.prefetch_steps] + [("no PDL", 0, False)]
+            line = []
+            for name, steps, pdl in variants:
+                run, pdl_before = functools.partial(step.forward, x, residual, steps), fused.PDL
+                fused.PDL = pdl  # read by use_pdl at each launch, so in the capture too
+                try:
+                    equal = torch.equal(run().view(torch.int16), want)
+                    t_us = 1e3 * graph_ms(run, reps=args.reps)
+                finally:
+                    fused.PDL = pdl_before
+                results.append({"model": model, "num_rows": num_rows, "system": name, "prefetch_steps": steps,
+                                "pdl": pdl, "time_us": round(t_us, 1), "bytes": step.num_bytes, "equal": equal,
+                                "gb_s": round(step.num_bytes / (t_us * 1e-6) / GB, 1),
+                                "copy_bw_share": round(floor_us / t_us, 3)})
+                line.append(f"{name}: {t_us:8.1f} us {floor_us / t_us:5.1%}{'' if equal else ' NOT EQUAL'}")
+            results.append({"model": model, "num_rows": num_rows, "system": "floor", "time_us": round(floor_us, 1)})
+            print(f"{model:<13} M={num_rows} | " + " | ".join(line) + f" | floor {floor_us:8.1f} us", flush=True)
+        del step
+        torch.cuda.empty_cache()
+    settings = {"dtype": "bfloat16", "rows": args.rows, "models": args.models, "prefetch_steps": args.prefetch_steps,
+                "copy_bandwidth_gb_s": round(copy_bw / GB, 1), "tiles": "config_after_rms_norm for qkv and gate_up "
+                "(fused with their norms), choose_config for o, down and the LM head",
+                "timing": f"CUDA-graph replay of one decode step's projections (all layers, distinct weights), "
+                          f"L2 flushed before each replay, median of {args.reps}", "versions": versions("triton")}
+    print(f"wrote {write_result('gemv-step', settings, results, args.out)}")
+
+
 def main_fused(args, copy_bw: float, num_sms: int) -> None:
     header = (f"{'model':<13} {'chain':<22} {'M':>2} | {'separate us':>11} {'plain us':>8} | {'fused us':>8} "
               f"{'GB/s':>5} | {'speedup':>7} {'floor us':>8} | equal | fused tiles")
@@ -223,20 +312,34 @@ def main() -> None:
                         help=f"rows of x (1..8); default {' '.join(map(str, ROWS))}, with --fused 1 2")
     parser.add_argument("--sweep", action="store_true", help="also time a grid of tiles per cell")
     parser.add_argument("--fused", action="store_true", help="time the fused norm + GEMV (+ SiLU) chains instead")
+    parser.add_argument("--step", action="store_true", help="time a decode step's projections in one graph instead")
+    parser.add_argument("--prefetch-steps", nargs="+", type=int, default=None,
+                        help="K steps of W asked of L2 before the PDL wait to time (default: --step 0 1 2, else none)")
+    parser.add_argument("--reps", type=int, default=50, help="graph replays per --step figure (the median is kept)")
+    parser.add_argument("--no-pdl", action="store_true",
+                        help="launch without programmatic dependent launch (--step times both anyway)")
     args = parser.parse_args()
-    args.models = args.models or list(FUSED_MODELS if args.fused else MODELS)
-    args.rows = args.rows or list((1, 2) if args.fused else ROWS)
+    if not args.models:
+        args.models = ["Qwen3-8B"] if args.step else list(FUSED_MODELS if args.fused else MODELS)
+    args.rows = args.rows or list((1, 2) if args.fused or args.step else ROWS)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.gemv needs a CUDA device")
+    fused.PDL = not args.no_pdl
     torch.backends.cuda.matmul.allow_tf32 = False  # the float32 reference
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     copy_bw = copy_bandwidth()
+    pdl = use_pdl(torch.empty(1, device=DEVICE))
+    if args.step:
+        args.prefetch_steps = args.prefetch_steps if args.prefetch_steps is not None else [0, 1, 2]
+        print(f"copy bandwidth {copy_bw / GB:.0f} GB/s, {num_sms} SMs, PDL {'on' if pdl else 'OFF'}; a decode step's "
+              "projections replayed from one CUDA graph, L2 flushed; share: the weights at copy bandwidth / time")
+        return main_step(args, copy_bw)
     if args.fused:
-        print(f"copy bandwidth {copy_bw / GB:.0f} GB/s, {num_sms} SMs, PDL {'on' if fused.PDL else 'off'}; "
+        print(f"copy bandwidth {copy_bw / GB:.0f} GB/s, {num_sms} SMs, PDL {'on' if pdl else 'off'}; "
               "per-chain times from CUDA-graph replays of back-to-back chains on distinct weight copies, L2 flushed")
         return main_fused(args, copy_bw, num_sms)
-    print(f"copy bandwidth {copy_bw / GB:.0f} GB/s, {num_sms} SMs; per-call times from CUDA-graph replays of "
-          f"back-to-back calls on distinct W copies, L2 flushed; fused.GEMV = {fused.GEMV.value} "
+    print(f"copy bandwidth {copy_bw / GB:.0f} GB/s, {num_sms} SMs, PDL {'on' if pdl else 'off'}; per-call times from "
+          f"CUDA-graph replays of back-to-back calls on distinct W copies, L2 flushed; fused.GEMV = {fused.GEMV.value} "
           f"(the engine runs it up to {GEMV_MAX_ROWS} rows)")
     header = (f"{'model':<13} {'proj':<8} {'N':>6} {'K':>6} {'M':>2} | {'cuBLAS us':>9} {'GB/s':>5} | "
               f"{'triton us':>9} {'GB/s':>5} {'share':>5} | {'speedup':>7} {'floor us':>8} | config")
@@ -263,6 +366,14 @@ def main() -> None:
                       f"{cublas['time_us']:>9.2f} {cublas['gb_s']:>5.0f} | {ours['time_us']:>9.2f} "
                       f"{ours['gb_s']:>5.0f} {ours['copy_bw_share']:>5.2f} | "
                       f"{cublas['time_us'] / ours['time_us']:>6.2f}x {floor_us:>8.2f} | {kind}", flush=True)
+                if args.prefetch_steps and cfg.block_k < proj.k and cell.copies > 1:
+                    by_steps = []
+                    for steps in args.prefetch_steps:
+                        tiles = replace(cfg, prefetch_steps=steps)
+                        row = cell.measure(lambda x, w, b, c=tiles: gemv(x, w, b, config=c), copy_bw, with_eager=False)
+                        results.append({**base, "system": "triton-gemv", "config": asdict(tiles), **row})
+                        by_steps.append(f"{steps}: {row['time_us']:.2f} us")
+                    print(f"{'':<40} prefetch steps " + ", ".join(by_steps), flush=True)
                 if args.sweep:
                     swept = sweep(cell, copy_bw)
                     results += [{**base, **row} for row in swept]
@@ -283,7 +394,7 @@ def main() -> None:
                             "floor_us": round(floor, 1)})
     settings = {"dtype": "bfloat16", "rows": args.rows, "models": args.models, "num_sms": num_sms,
                 "copy_bandwidth_gb_s": round(copy_bw / GB, 1), "gemv_default": fused.GEMV.value,
-                "gemv_max_rows": GEMV_MAX_ROWS,
+                "gemv_max_rows": GEMV_MAX_ROWS, "pdl": pdl, "prefetch_steps": args.prefetch_steps,
                 "timing": "time_us: CUDA-graph replay of C back-to-back calls on C distinct W copies (>= 64 MiB), "
                           "L2 flushed before each replay, median of 50, / C; eager_us: do_bench median of plain "
                           "calls", "sweep": args.sweep, "versions": versions("triton")}
