@@ -3,6 +3,9 @@ how a dead peer's barriers are released, and the setting that turns it off. ``te
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import types
 
 import pytest
@@ -82,3 +85,33 @@ def test_the_core_setting_reaches_the_plugin(monkeypatch):
     assert symm_mem_all_reduce_enabled(load_settings(enable_symm_mem_all_reduce=False)) is False
     monkeypatch.setenv("INFER_ENABLE_SYMM_MEM_ALL_REDUCE", "false")
     assert symm_mem_all_reduce_enabled(load_settings()) is False
+
+
+AGREEMENT = textwrap.dedent(
+    """
+    import os
+
+    import torch.distributed as dist
+
+    from infer_parallel_tp.symm_mem import OneShotAllReduce
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    one_shot, why = OneShotAllReduce.setup(rank, world, rank)  # no GPU here: no peer access
+    dist.destroy_process_group()
+    os.write(1, f"RESULT {rank} {one_shot is None} {why}\\n".encode())
+    """
+)
+
+
+def test_every_rank_reaches_the_same_decision_and_says_why(tmp_path):
+    """The set-up is collective: the ranks exchange what they have and all fall back together."""
+    program = tmp_path / "agreement.py"
+    program.write_text(AGREEMENT)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", str(program)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = sorted(line.split(" ", 3)[1:] for line in run.stdout.splitlines() if line.startswith("RESULT"))
+    assert [r[:2] for r in results] == [["0", "True"], ["1", "True"], ["2", "True"]]
+    assert len({r[2] for r in results}) == 1, results  # the same reasons on every rank
+    assert "rank 2 (cuda:2) cannot access the memory of ranks [0, 1] peer-to-peer" in results[0][2]

@@ -183,17 +183,21 @@ class OneShotAllReduce:
         problems = group_problems(infos)
         if problems:
             return None, "; ".join(problems)
-        outcome, one_shot = None, None
-        try:
-            one_shot = cls._rendezvous(rank, world_size, device, max_bytes)
-            outcome = one_shot.self_test()
-        except Exception as e:  # noqa: BLE001 - reported to every rank, which all fall back together
-            outcome = f"rank {rank}: {type(e).__name__}: {e}"
-        outcomes: list[str | None] = [None] * world_size
-        dist.all_gather_object(outcomes, outcome)
-        failures = [o for o in outcomes if o is not None]
-        if failures:
-            return None, "; ".join(failures)
+        one_shot = None
+        # Every rank rendezvouses before any runs the self-test's kernel, which would wait for a rank that did not.
+        for stage in ("rendezvous", "self-test"):
+            try:
+                if stage == "rendezvous":
+                    one_shot, outcome = cls._rendezvous(rank, world_size, device, max_bytes), None
+                else:
+                    outcome = one_shot.self_test()
+            except Exception as e:  # noqa: BLE001 - reported to every rank, which all fall back together
+                outcome = f"rank {rank}: {stage}: {type(e).__name__}: {e}"
+            outcomes: list[str | None] = [None] * world_size
+            dist.all_gather_object(outcomes, outcome)
+            failures = [o for o in outcomes if o is not None]
+            if failures:
+                return None, "; ".join(failures)
         return one_shot, f"one-shot over symmetric memory up to {max_bytes // 1024} KiB (peer loads, no multicast)"
 
     @classmethod
