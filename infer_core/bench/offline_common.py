@@ -28,6 +28,8 @@ def add_common_arguments(parser: argparse.ArgumentParser, peers: tuple[str, ...]
     parser.add_argument("--enforce-eager", action="store_true", help="infer without CUDA graphs")
     parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     parser.add_argument("--max-num-seqs", type=int, default=256, help="infer's max_num_seqs (and the floor's)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="infer's max_num_batched_tokens (the prefill chunk budget; default: the engine's)")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="infer's max_model_len (default 4096, or the model's limit where lower)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=None, help="infer's share of GPU memory")
@@ -124,6 +126,8 @@ def engine_settings(args: argparse.Namespace, attention: str | None) -> dict[str
         "max_model_len": args.max_model_len,
         "seed": 0,
     }
+    if args.max_num_batched_tokens is not None:
+        settings["max_num_batched_tokens"] = args.max_num_batched_tokens
     if attention is not None:
         settings["attention"] = attention
     if args.gpu_memory_utilization is not None:
@@ -140,6 +144,7 @@ def common_settings(args: argparse.Namespace, model_label: str) -> dict[str, Any
         "peers": args.peers,
         "enforce_eager": args.enforce_eager,
         "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
         "max_model_len": args.max_model_len,
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "profile": args.profile,

@@ -36,6 +36,9 @@ PEERS = ("hf-generate-batch", "floor")
 DEFAULT_PEER_NUM_PROMPTS = 32
 
 
+NANO_VLLM_MAX_NUM_BATCHED_TOKENS = 16384
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser, PEERS)
     parser.add_argument("--num-prompts", type=int, default=NUM_WORKLOAD_PROMPTS,
@@ -46,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="longest prompt and output (default 1024, the real workload; less only for dry runs)")
     parser.add_argument("--profile-skip", type=int, default=32,
                         help="steps of the workload before the profiled window (past the prefills)")
+    # nano-vllm's configuration for this workload (its Config default): prefill chunks of 16,384 tokens
+    parser.set_defaults(max_num_batched_tokens=NANO_VLLM_MAX_NUM_BATCHED_TOKENS)
 
 
 def check(args: argparse.Namespace) -> None:
