@@ -184,8 +184,7 @@ def run_one(args: argparse.Namespace) -> None:
         "max_model_len": 2 * args.max_len,
         "seed": 0,
     }
-    if args.nccl_all_reduce:
-        settings["enable_symm_mem_all_reduce"] = False
+    settings["enable_symm_mem_all_reduce"] = not args.nccl_all_reduce  # the setting is off by default
     if args.tiny:
         settings.update(device="cpu", dtype="float32", kv_cache_gb=1.0)
     else:

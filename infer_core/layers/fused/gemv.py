@@ -57,7 +57,9 @@ class GemvConfig:
     block_k: int  # K elements per loop step
     num_warps: int
     num_stages: int  # K steps in flight (1: no software pipelining)
-    prefetch_steps: int = 1  # several K steps: the first ones' W asked of L2 before the PDL wait (0: none)
+    # several K steps: the first ones' W asked of L2 before the PDL wait (0: none). Off: on the H100 one
+    # Qwen3-8B decode step's projections took 5,536 us at 0, 5,560 at 1, 5,746 at 2 (benchmarks.gemv --step)
+    prefetch_steps: int = 0
 
 
 @triton.jit

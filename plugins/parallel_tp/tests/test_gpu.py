@@ -185,7 +185,8 @@ MID_STEP_KILL = textwrap.dedent(
     from infer_core.errors import EngineDeadError
 
     if __name__ == "__main__":
-        llm = LLM(sys.argv[1], device="cuda", tensor_parallel_size=2, gpu_memory_utilization=0.5)
+        llm = LLM(sys.argv[1], device="cuda", tensor_parallel_size=2, gpu_memory_utilization=0.5,
+                  enable_symm_mem_all_reduce=True)  # the kernel NCCL's abort cannot stop
         (pid,) = llm.engine.executor.worker_pids
         print("PATH", llm.engine.executor.parallel.communicator.describe()["path"], flush=True)
         killed = []

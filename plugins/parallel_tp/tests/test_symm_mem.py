@@ -73,18 +73,19 @@ def test_rescue_raises_this_ranks_flags_from_the_dead_and_clears_its_own_at_thei
             assert pads[r][:, p].eq(expected).all(), (r, p)
 
 
-def test_the_setting_turns_it_off():
-    assert symm_mem_all_reduce_enabled(types.SimpleNamespace()) is True  # an infer-core without the setting
+def test_the_setting_turns_it_on():
+    assert symm_mem_all_reduce_enabled(types.SimpleNamespace()) is False  # an infer-core without the setting
+    assert symm_mem_all_reduce_enabled(types.SimpleNamespace(**{SYMM_MEM_SETTING: True})) is True
     assert symm_mem_all_reduce_enabled(types.SimpleNamespace(**{SYMM_MEM_SETTING: False})) is False
 
 
 @pytest.mark.skipif(SYMM_MEM_SETTING not in EngineSettings.model_fields,
                     reason="infer-core has no enable_symm_mem_all_reduce setting yet")
 def test_the_core_setting_reaches_the_plugin(monkeypatch):
+    assert symm_mem_all_reduce_enabled(load_settings()) is False  # off until measured on two GPUs
+    assert symm_mem_all_reduce_enabled(load_settings(enable_symm_mem_all_reduce=True)) is True
+    monkeypatch.setenv("INFER_ENABLE_SYMM_MEM_ALL_REDUCE", "true")
     assert symm_mem_all_reduce_enabled(load_settings()) is True
-    assert symm_mem_all_reduce_enabled(load_settings(enable_symm_mem_all_reduce=False)) is False
-    monkeypatch.setenv("INFER_ENABLE_SYMM_MEM_ALL_REDUCE", "false")
-    assert symm_mem_all_reduce_enabled(load_settings()) is False
 
 
 AGREEMENT = textwrap.dedent(

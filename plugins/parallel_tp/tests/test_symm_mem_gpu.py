@@ -154,7 +154,7 @@ ENGINE = textwrap.dedent(
         found = {}
         for size in (2, 1):
             llm = LLM(sys.argv[1], device="cuda", dtype="float32", attention="triton", tensor_parallel_size=size,
-                      max_model_len=1024, gpu_memory_utilization=0.5)
+                      max_model_len=1024, gpu_memory_utilization=0.5, enable_symm_mem_all_reduce=True)
             outputs = llm.generate(prompts, params, use_tqdm=False)
             found[size] = {"tokens": [o.outputs[0].token_ids for o in outputs]}
             if size > 1:

@@ -58,8 +58,9 @@ def torchrun_store(placement: RankPlacement) -> dist.Store:
 
 
 def symm_mem_all_reduce_enabled(settings) -> bool:
-    """The ``enable_symm_mem_all_reduce`` setting; on with an infer-core older than the setting."""
-    return bool(getattr(settings, SYMM_MEM_SETTING, True))
+    """The ``enable_symm_mem_all_reduce`` setting (off by default until it is measured on two GPUs; off
+    with an infer-core older than the setting)."""
+    return bool(getattr(settings, SYMM_MEM_SETTING, False))
 
 
 def join_group(placement: RankPlacement, store: dist.Store, *, enable_symm_mem: bool) -> ParallelContext:
