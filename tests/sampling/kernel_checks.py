@@ -7,7 +7,7 @@ shapes), ``test_fused_gpu.py`` on CUDA at real shapes. Run directly:
 What they pin down: the greedy pass is torch's argmax (first maximum, a NaN first); a row's token
 does not depend on how many programs share the row (so the in-launch combine and its counters are
 right); the per-token bound never lets pass B skip the winner, at extreme temperatures and logit
-scales too; unseeded rows follow the generator.
+scales and under top-k/top-p/min-p cuts too; unseeded rows follow the generator.
 """
 
 from __future__ import annotations
@@ -134,6 +134,37 @@ def check_bounds_keep_the_winner(device: str, vocab: int) -> None:
     wrong = (tokens != reference).nonzero().flatten().tolist()
     assert not wrong, f"rows {wrong[:8]}: {tokens[wrong[:8]].tolist()} vs {reference[wrong[:8]].tolist()}"
     assert tokens[len(rows) - 3] == vocab // 3 and tokens[-1] == 0
+
+
+def check_cut_bounds_keep_the_winner(device: str, vocab: int) -> None:
+    """The same extremes under top-k + min-p and under top-p cuts, with tie rows: rows, or slices, where
+    the cut keeps one token whose bound overflows, or none at all, still give the reference's tokens."""
+    generator = torch.Generator().manual_seed(vocab + 2)
+    rows, temperatures = [], []
+    for temperature in (MIN_SAMPLING_TEMPERATURE * 2, 0.3, 50.0):
+        peaked = torch.randn(vocab, generator=generator) * 2.0
+        peaked[torch.randint(0, vocab, (3,), generator=generator)] += 12.0
+        rows += [peaked, torch.randint(-2, 3, (vocab,), generator=generator).float()]
+        temperatures += [temperature] * 2
+    padded = torch.randn(vocab, generator=generator)
+    padded[vocab // 2:] = float("-inf")
+    lonely = torch.full((vocab,), float("-inf"))
+    lonely[vocab // 3] = -3.0e38  # the only token any cut keeps: finite z, a bound that overflows
+    huge = torch.randn(vocab, generator=generator) * 1e37
+    rows += [padded, lonely, huge, torch.full((vocab,), float("-inf"))]
+    temperatures += [0.7, 0.885, 0.5, 1.0]
+    logits = torch.stack(rows).to(device)
+    num_rows = len(rows)
+    top_k = torch.randint(1, 40, (num_rows,), generator=generator).to(device)
+    min_p, top_p = torch.full((num_rows,), 0.05, device=device), torch.full((num_rows,), 0.6, device=device)
+    cases = {"top_k,min_p": dict(top_k=top_k, max_top_k=int(top_k.max()), min_p=min_p), "top_p": dict(top_p=top_p)}
+    for name, features in cases.items():
+        batch = _seeded_batch(torch.tensor(temperatures), generator, device, **features)
+        reference = sample(logits, batch, use_fused=False).token_ids.cpu()
+        tokens = sample(logits, batch, use_fused=True).token_ids.cpu()
+        wrong = (tokens != reference).nonzero().flatten().tolist()
+        assert not wrong, f"{name}: rows {wrong[:8]}: {tokens[wrong[:8]].tolist()} vs {reference[wrong[:8]].tolist()}"
+        assert tokens[num_rows - 3] == vocab // 3 and tokens[-1] == 0, name
 
 
 def check_unseeded_rows_follow_the_generator(device: str, vocab: int) -> None:

@@ -76,6 +76,11 @@ def test_bounds_keep_the_winner_on_cuda():
     kernel_checks.check_bounds_keep_the_winner("cuda", VOCAB)
 
 
+def test_cut_bounds_keep_the_winner_on_cuda():
+    """Under cuts, at real shapes: slices with one kept token whose bound overflows, or none kept."""
+    kernel_checks.check_cut_bounds_keep_the_winner("cuda", VOCAB)
+
+
 def test_unseeded_rows_follow_the_generator_on_cuda():
     kernel_checks.check_unseeded_rows_follow_the_generator("cuda", VOCAB)
 

@@ -33,6 +33,7 @@ FUSED = [
 ]
 KERNEL_PARTS = [
     ["split_plans_agree", "6", "5000"],
+    ["cut_bounds_keep_the_winner", "3000"],
     ["bounds_keep_the_winner", "3000"],
     ["unseeded_rows_follow_the_generator", "2100"],
     ["uniform_temperature", "5000"],
