@@ -163,6 +163,9 @@ def profile_decode(llm, vocab: int, steps: int) -> None:
         engine.step()
     print(f"--- profile of {steps} decode steps, rank 0 (self CPU time) ---", flush=True)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30), flush=True)
+    if torch.cuda.is_available():  # kernels replayed inside CUDA graphs are listed too
+        print("--- the same steps by self CUDA time ---", flush=True)
+        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30), flush=True)
 
 
 def all_reduce_info(llm) -> dict | None:
@@ -185,6 +188,8 @@ def run_one(args: argparse.Namespace) -> None:
         "seed": 0,
     }
     settings["enable_symm_mem_all_reduce"] = not args.nccl_all_reduce  # the setting is off by default
+    if args.attention:
+        settings["attention"] = args.attention
     if args.tiny:
         settings.update(device="cpu", dtype="float32", kv_cache_gb=1.0)
     else:
@@ -298,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="every all-reduce through NCCL (enable_symm_mem_all_reduce=False): the one-shot path's baseline",
     )
+    parser.add_argument("--attention", default=None, help="attention backend of both sizes (default: the engine picks)")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--dtype", default="bfloat16", help=argparse.SUPPRESS)
     parser.add_argument("--logits-only", action="store_true", help=argparse.SUPPRESS)
@@ -353,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         "logits_rtol": LOGITS_RTOL,
         "fp32_reference": args.fp32_reference,
         "symm_mem_all_reduce": not args.nccl_all_reduce,
+        "attention": args.attention or "engine default",
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
     }
