@@ -187,7 +187,7 @@ def run_one(args: argparse.Namespace) -> None:
         "max_model_len": 2 * args.max_len,
         "seed": 0,
     }
-    settings["enable_symm_mem_all_reduce"] = not args.nccl_all_reduce
+    settings["enable_symm_mem_all_reduce"] = not args.nccl_all_reduce  # the setting is off by default
     if args.attention:
         settings["attention"] = args.attention
     if args.tiny:

@@ -67,7 +67,7 @@ class EngineSettings(BaseSettings):
     async_scheduling: bool = Field(True, description="plan step N+1 while step N runs on the device (built-in scheduler, one rank or tensor parallelism, no speculative decoding); off = each step waits for the previous one's tokens")
     pdl: bool = Field(True, description="launch the decode-path Triton kernels with programmatic dependent launch (Hopper and newer GPUs): each starts while the one before it drains")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs the model is split over")
-    enable_symm_mem_all_reduce: bool = Field(True, description="tensor parallelism on CUDA: all-reduce small messages (decode steps) with one kernel over symmetric memory (peer loads over NVLink, no multicast) instead of NCCL (two H200s: 7.8 vs 8.0 us in a CUDA graph, 25 vs 44 us eagerly, at 8 KiB); off = NCCL for every all-reduce")
+    enable_symm_mem_all_reduce: bool = Field(False, description="tensor parallelism on CUDA: all-reduce small messages (decode steps) with one kernel over symmetric memory (peer loads over NVLink, no multicast) instead of NCCL; off (the default until it is measured on two GPUs) = NCCL for every all-reduce")
 
     # server
     host: str = Field("127.0.0.1", description="address the server binds (for the HTTP server)")

@@ -58,7 +58,8 @@ def torchrun_store(placement: RankPlacement) -> dist.Store:
 
 
 def symm_mem_all_reduce_enabled(settings) -> bool:
-    """The ``enable_symm_mem_all_reduce`` setting (on by default; off with an infer-core older than the setting)."""
+    """The ``enable_symm_mem_all_reduce`` setting (off by default until it is measured on two GPUs; off
+    with an infer-core older than the setting)."""
     return bool(getattr(settings, SYMM_MEM_SETTING, False))
 
 
