@@ -48,9 +48,6 @@ PROGRAMS_PER_SM = 2  # at least two programs an SM: one loads while the other su
 TILE_BYTES = 16 << 10  # W bytes one program loads per K step: 64 bf16 values a thread at 4 warps
 VALUES_PER_THREAD = 64  # W values a thread holds per K step
 INTERPRETER_SMS = 4  # on the CPU (TRITON_INTERPRET=1) there is no device to ask; small grids run faster
-# Below LARGE_K, programs of several K steps load their first tile before the PDL wait. Never at large K:
-# one Qwen3-8B decode step's projections took 6,069 us with it against 5,542 without (H100, gemv --step).
-PRELOAD_BELOW_LARGE_K = False
 L2_LINE_BYTES = tl.constexpr(128)  # what one prefetch.global.L2 asks for
 
 
@@ -226,8 +223,7 @@ def choose_config(n: int, k: int, element_size: int, num_sms: int, num_warps: in
     if num_warps is None:
         num_warps = max(1, min(8, block_n * block_k // (32 * VALUES_PER_THREAD)))
     num_stages = 1 if block_k >= k else 3
-    return GemvConfig(block_n, block_k, num_warps=num_warps, num_stages=num_stages,
-                      preload_first_step=PRELOAD_BELOW_LARGE_K and block_k < k)
+    return GemvConfig(block_n, block_k, num_warps=num_warps, num_stages=num_stages)
 
 
 def prefetch_lines(config: GemvConfig, k: int, element_size: int, pdl: bool) -> int:
