@@ -210,10 +210,8 @@ class DecodeStep:
                       "gate_up": config_after_rms_norm(2 * inter, h, 2, sms), "down": choose_config(h, inter, 2, sms),
                       "lm_head": choose_config(c.vocab_size, h, 2, sms)}
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor, prefetch_steps: int,
-                preload: bool = False) -> torch.Tensor:
-        cfg = {name: replace(tiles, prefetch_steps=prefetch_steps, preload_first_step=preload)
-               for name, tiles in self.tiles.items()}
+    def forward(self, x: torch.Tensor, residual: torch.Tensor, prefetch_steps: int) -> torch.Tensor:
+        cfg = {name: replace(tiles, prefetch_steps=prefetch_steps) for name, tiles in self.tiles.items()}
         hidden = x
         for w in self.layers:
             qkv, residual = rms_norm_gemv(hidden, w["in_norm"], 1e-6, w["qkv"], None, residual, config=cfg["qkv"])
@@ -234,11 +232,10 @@ def main_step(args, copy_bw: float) -> None:
             gen = torch.Generator(device=DEVICE).manual_seed(num_rows)
             x, residual = (torch.randn(2, num_rows, step.hidden_size, device=DEVICE, generator=gen)).to(DTYPE)
             want = step.forward(x, residual, 0).view(torch.int16)
-            variants = [(f"prefetch {s}", s, True, False) for s in args.prefetch_steps] + [("no PDL", 0, False, False)]
-            variants += [("preload", 0, True, True), ("preload, no PDL", 0, False, True)]
+            variants = [(f"prefetch {s}", s, True) for s in args.prefetch_steps] + [("no PDL", 0, False)]
             line = []
-            for name, steps, pdl, preload in variants:
-                run, pdl_before = functools.partial(step.forward, x, residual, steps, preload), fused.PDL
+            for name, steps, pdl in variants:
+                run, pdl_before = functools.partial(step.forward, x, residual, steps), fused.PDL
                 fused.PDL = pdl  # read by use_pdl at each launch, so in the capture too
                 try:
                     equal = torch.equal(run().view(torch.int16), want)
@@ -246,8 +243,7 @@ def main_step(args, copy_bw: float) -> None:
                 finally:
                     fused.PDL = pdl_before
                 results.append({"model": model, "num_rows": num_rows, "system": name, "prefetch_steps": steps,
-                                "preload_first_step": preload, "pdl": pdl, "time_us": round(t_us, 1),
-                                "bytes": step.num_bytes, "equal": equal,
+                                "pdl": pdl, "time_us": round(t_us, 1), "bytes": step.num_bytes, "equal": equal,
                                 "gb_s": round(step.num_bytes / (t_us * 1e-6) / GB, 1),
                                 "copy_bw_share": round(floor_us / t_us, 3)})
                 line.append(f"{name}: {t_us:8.1f} us {floor_us / t_us:5.1%}{'' if equal else ' NOT EQUAL'}")

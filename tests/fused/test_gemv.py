@@ -214,17 +214,3 @@ def test_forced_gemv_on_the_cpu():
     method.after_rms_norm = True
     assert torch.equal(method.apply(layer, x[:2], None), gemv(x[:2], layer.weight, after_rms_norm=True))
     assert torch.equal(method.apply(layer, x, None), F.linear(x, layer.weight))
-
-
-@pytest.mark.parametrize("k", [K, 4100])
-@pytest.mark.parametrize("num_rows", [1, 2, 5])
-def test_preloaded_first_step_changes_no_bit(k, num_rows, device):
-    """A program of several K steps may load its first tile before the PDL wait (``preload_first_step``):
-    the loop runs the same code at every step, so the result is the plain loop's, bit for bit."""
-    x, w, b = inputs(num_rows, N, k, torch.bfloat16, device, seed=k + num_rows)
-    several_steps = [c for c in (CONFIGS["fma-4x16"], CONFIGS["fma-16x32"], choose_config(N, k, 2, 4)) if c.block_k < k]
-    assert len(several_steps) >= 2
-    for cfg in several_steps:
-        for bias in (b, None):
-            want = gemv(x, w, bias, config=cfg)
-            assert torch.equal(gemv(x, w, bias, config=replace(cfg, preload_first_step=True)), want)

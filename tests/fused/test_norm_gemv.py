@@ -9,8 +9,6 @@ row, so the fused launch normalises two rows in two blocks.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -126,22 +124,6 @@ def test_large_k_tiles_in_several_steps_with_a_tail(device):
         got, got_sum = rms_norm_gemv(x, norm_weight, EPS, weight, bias, residual, silu=silu)
         want, want_sum = separate(x, residual, norm_weight, weight, bias, None, silu)
         assert torch.equal(got, want) and torch.equal(got_sum, want_sum)
-
-
-@pytest.mark.parametrize("k", [SHAPES[0][1], 4100])
-def test_preloaded_first_step_changes_no_bit(k, device):
-    """The first K step's gate (and up) tile loaded before the PDL wait: the fused kernel's bits stay the
-    separate kernels' (which load every tile in the loop), with and without SiLU, at 1-3 rows."""
-    n = SHAPES[0][0]
-    cfg = config_after_rms_norm(n, k, 2, num_sms(torch.device(device)))
-    cfg = cfg if cfg.block_k < k else CONFIGS["4x16-s3"]
-    for num_rows in (1, 3):
-        x, residual, norm_weight, weight, bias = make_inputs(num_rows, n, k, torch.bfloat16, device, seed=k)
-        for silu in (False, True):
-            got, got_sum = rms_norm_gemv(x, norm_weight, EPS, weight, bias, residual, silu=silu,
-                                         config=replace(cfg, preload_first_step=True))
-            want, want_sum = separate(x, residual, norm_weight, weight, bias, cfg, silu)
-            assert torch.equal(got, want) and torch.equal(got_sum, want_sum)
 
 
 def test_one_k_step_at_the_norms_warps():

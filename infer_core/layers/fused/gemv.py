@@ -60,9 +60,6 @@ class GemvConfig:
     # several K steps: the first ones' W asked of L2 before the PDL wait (0: none). Off: on the H100 one
     # Qwen3-8B decode step's projections took 5,536 us at 0, 5,560 at 1, 5,746 at 2 (benchmarks.gemv --step)
     prefetch_steps: int = 0
-    # several K steps: the first step's W tile loaded into registers before the PDL wait (as a one-step
-    # program loads its whole tile), the loop taking it from there at step 0
-    preload_first_step: bool = False
 
 
 @triton.jit
@@ -88,28 +85,6 @@ def prefetch_w_to_l2(w_ptr, w_rows, K, NUM_LINES: tl.constexpr):
     ptrs = w_ptr + w_rows[:, None] + offs[None, :]
     tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
                               is_pure=False, pack=1)
-
-
-@triton.jit
-def w_tile_at(w_ptrs, k, K, k0, w_first, EVEN_K: tl.constexpr, PRELOAD: tl.constexpr):
-    """The K step at ``k0``'s W tile: loaded here, or at step 0 with PRELOAD the tile loaded before the PDL
-    wait (the load here is then predicated off, so nothing is read twice). Every step runs the same code."""
-    if PRELOAD:
-        later = k0 > 0
-        if EVEN_K:
-            w = tl.load(w_ptrs, mask=later, other=0.0)
-        else:
-            w = tl.load(w_ptrs, mask=later & (k < K)[None, :], other=0.0)
-        return tl.where(later, w.to(tl.float32), w_first)
-    return load_w_tile(w_ptrs, k, K, EVEN_K)
-
-
-def preloads(config: GemvConfig, k: int) -> bool:
-    """Whether a program loads its first K step's W before the PDL wait (several steps, and asked for).
-
-    Only with PDL does that load overlap the kernel before; without, it is as early as the loop's, and
-    the same bits either way (which lets the interpreter test it)."""
-    return config.preload_first_step and config.block_k < k
 
 
 @triton.jit
@@ -143,7 +118,6 @@ def _gemv_kernel(
     NUM_STAGES: tl.constexpr,
     SINGLE_STEP: tl.constexpr,
     PREFETCH_LINES: tl.constexpr,
-    PRELOAD: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -152,8 +126,7 @@ def _gemv_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     offs_m = tl.arange(0, BLOCK_M)
     w_ptrs = w_ptr + w_rows[:, None] + offs_k[None, :]
-    w_first = None
-    if SINGLE_STEP or PRELOAD:  # no kernel writes weights: the (first) tile may load while the kernel before drains
+    if SINGLE_STEP:  # no kernel writes weights: the whole tile may load while the kernel before drains
         w_first = load_w_tile(w_ptrs, offs_k, K, EVEN_K)
     if PREFETCH_LINES > 0:  # several steps: the first ones' W streams into L2 meanwhile
         prefetch_w_to_l2(w_ptr, w_rows, K, PREFETCH_LINES)
@@ -165,7 +138,7 @@ def _gemv_kernel(
         if SINGLE_STEP:
             w = w_first
         else:
-            w = w_tile_at(w_ptrs, k, K, k0, w_first, EVEN_K, PRELOAD)
+            w = load_w_tile(w_ptrs, k, K, EVEN_K)
         for m in tl.static_range(BLOCK_M):
             x_row = x_ptr + tl.minimum(m, num_rows - 1) * stride_xm  # rows past num_rows: repeats, not stored
             if EVEN_K:
@@ -302,8 +275,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None,
         NUM_STAGES=cfg.num_stages, SINGLE_STEP=cfg.block_k >= k,
-        PREFETCH_LINES=prefetch_lines(cfg, k, x.element_size(), pdl), PRELOAD=preloads(cfg, k),
-        num_warps=cfg.num_warps,
+        PREFETCH_LINES=prefetch_lines(cfg, k, x.element_size(), pdl), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, USE_PDL=pdl, launch_pdl=pdl,
     )
     return out

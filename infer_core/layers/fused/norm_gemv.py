@@ -44,8 +44,6 @@ from infer_core.layers.fused.gemv import (
     num_sms,
     prefetch_lines,
     prefetch_w_to_l2,
-    preloads,
-    w_tile_at,
 )
 from infer_core.layers.fused.pdl import pdl_enter
 from infer_core.layers.fused.rms_norm import MAX_SINGLE_PASS, _load_row_chunk
@@ -124,7 +122,6 @@ def _norm_gemv_kernel(
     NORM_BLOCK_N: tl.constexpr,
     SILU: tl.constexpr,
     PREFETCH_LINES: tl.constexpr,
-    PRELOAD: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """``y[M, N]``: (silu(gate) * up of) ``norm(x (+ residual)) @ W^T (+ bias)``; N is I with SILU (W has 2I rows)."""
@@ -135,9 +132,7 @@ def _norm_gemv_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     gate_ptrs = w_ptr + (col_rows * stride_wn)[:, None] + offs_k[None, :]
     up_ptrs = w_ptr + ((col_rows + N) * stride_wn)[:, None] + offs_k[None, :]
-    gate_first = None
-    up_first = None
-    if SINGLE_STEP or PRELOAD:  # no kernel writes weights: the (first) tile may load while the kernel before drains
+    if SINGLE_STEP:  # no kernel writes weights: the whole tile may load while the kernel before drains
         gate_first = load_w_tile(gate_ptrs, offs_k, K, EVEN_K)
         if SILU:
             up_first = load_w_tile(up_ptrs, offs_k, K, EVEN_K)
@@ -158,9 +153,9 @@ def _norm_gemv_kernel(
             if SILU:
                 w_up = up_first
         else:
-            w = w_tile_at(gate_ptrs, k, K, k0, gate_first, EVEN_K, PRELOAD)
+            w = load_w_tile(gate_ptrs, k, K, EVEN_K)
             if SILU:
-                w_up = w_tile_at(up_ptrs, k, K, k0, up_first, EVEN_K, PRELOAD)
+                w_up = load_w_tile(up_ptrs, k, K, EVEN_K)
         for m in tl.static_range(BLOCK_M):
             row = tl.minimum(m, num_rows - 1)  # rows past num_rows: repeats, not stored
             if HAS_NORM:
@@ -240,7 +235,7 @@ def _launch(x, residual, norm_weight, eps, weight, bias, silu: bool, config: Gem
         EVEN_K=k % config.block_k == 0, HAS_BIAS=bias is not None, NUM_STAGES=config.num_stages,
         SINGLE_STEP=config.block_k >= k, HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None,
         NORM_BLOCK_M=norm_block_m, NORM_BLOCK_N=norm_block_n, SILU=silu,
-        PREFETCH_LINES=prefetch_lines(config, k, x.element_size(), pdl), PRELOAD=preloads(config, k),
+        PREFETCH_LINES=prefetch_lines(config, k, x.element_size(), pdl),
         num_warps=config.num_warps, num_stages=config.num_stages,
         USE_PDL=pdl, launch_pdl=pdl,
     )
