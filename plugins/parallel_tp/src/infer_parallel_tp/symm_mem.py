@@ -255,8 +255,10 @@ class OneShotAllReduce:
     def rescue_after_peer_death(self, dead: list[int]) -> None:
         """Let this rank's waiting kernels pass the barriers of ``dead`` ranks until the device has drained.
 
-        Not yet enough: on two H200s a worker killed mid-generation still left rank 0 waiting (neither
-        an error nor a return within 120 s; ``test_worker_killed_during_a_step_on_cuda[one-shot]``).
+        Not yet shown to work: on two H200s a worker killed mid-generation left rank 0 waiting (no error
+        within 120 s; ``test_worker_killed_during_a_step_on_cuda[one-shot]``), the rescuer itself blocked
+        in its stream's synchronize behind a ``fill_`` kernel that found no free SM. The flags are now
+        written by copies from pinned memory (copy engines, no SM); that has not run on a GPU yet.
 
         The results are garbage (the engine is dead); what matters is that nothing waits on the
         device forever (a sync, freeing memory). The rescuer writes the flags every millisecond from
@@ -280,14 +282,19 @@ class OneShotAllReduce:
             with torch.cuda.device(device):
                 pads = [self.handle.get_signal_pad(r, [blocks, self.world_size], torch.int32)
                         for r in range(self.world_size)]
-                views = rescue_views(pads, self.rank, dead)
+                # One flag at a time from pinned host memory: a copy engine writes it (cudaMemcpyAsync of one
+                # contiguous element), not a kernel. On two H200s a fill_ kernel here never ran: the stream
+                # synchronize below waited for it while the waiting one-shot blocks and the PDL-launched
+                # kernels queued behind them held the SMs.
+                writes = [(flags[b:b + 1], torch.full((1,), value, dtype=flags.dtype).pin_memory())
+                          for flags, value in rescue_views(pads, self.rank, dead) for b in range(flags.shape[0])]
                 stream = torch.cuda.Stream(device)
                 start = time.monotonic()
                 drained = None  # recorded on the default stream (the runner's) one round earlier
                 while time.monotonic() < start + RESCUE_SECONDS:
                     with torch.cuda.stream(stream):
-                        for flags, value in views:
-                            flags.fill_(value)
+                        for flag, value in writes:
+                            flag.copy_(value, non_blocking=True)
                     stream.synchronize()
                     if drained is not None and drained.query() and time.monotonic() > start + RESCUE_MIN_SECONDS:
                         return  # every step launched before the death is known has run through
