@@ -257,7 +257,7 @@ class OneShotAllReduce:
 
         Not yet shown to work: on two H200s a worker killed mid-generation left rank 0 waiting (no error
         within 120 s; ``test_worker_killed_during_a_step_on_cuda[one-shot]``), the rescuer itself blocked
-        in its stream's synchronize behind a ``fill_`` kernel that found no free SM. The flags are now
+        in its stream's synchronize behind a ``fill_`` kernel (likely with no SM free for it). The flags are now
         written by copies from pinned memory (copy engines, no SM); that has not run on a GPU yet.
 
         The results are garbage (the engine is dead); what matters is that nothing waits on the
@@ -283,9 +283,9 @@ class OneShotAllReduce:
                 pads = [self.handle.get_signal_pad(r, [blocks, self.world_size], torch.int32)
                         for r in range(self.world_size)]
                 # One flag at a time from pinned host memory: a copy engine writes it (cudaMemcpyAsync of one
-                # contiguous element), not a kernel. On two H200s a fill_ kernel here never ran: the stream
-                # synchronize below waited for it while the waiting one-shot blocks and the PDL-launched
-                # kernels queued behind them held the SMs.
+                # contiguous element), not a kernel. On two H200s the stream synchronize below waited forever
+                # on a fill_ kernel here; the likely cause (not proven) is that no SM was free for it while
+                # the waiting one-shot blocks and the kernels queued behind them held the device.
                 writes = [(flags[b:b + 1], torch.full((1,), value, dtype=flags.dtype).pin_memory())
                           for flags, value in rescue_views(pads, self.rank, dead) for b in range(flags.shape[0])]
                 stream = torch.cuda.Stream(device)
