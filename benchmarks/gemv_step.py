@@ -50,8 +50,12 @@ class DecodeStep:
                       "gate_up": config_after_rms_norm(2 * inter, h, 2, sms), "down": choose_config(h, inter, 2, sms),
                       "lm_head": choose_config(c.vocab_size, h, 2, sms)}
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor, prefetch_steps: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor, prefetch_steps: int,
+                norm_tiles: dict | None = None) -> torch.Tensor:
+        """``norm_tiles``: fields replaced in the fused chains' tiles (qkv, gate_up), e.g. ``programs_per_sm``."""
         cfg = {name: replace(tiles, prefetch_steps=prefetch_steps) for name, tiles in self.tiles.items()}
+        for name in ("qkv", "gate_up"):
+            cfg[name] = replace(cfg[name], **(norm_tiles or {}))
         hidden = x
         for w in self.layers:
             qkv, residual = rms_norm_gemv(hidden, w["in_norm"], 1e-6, w["qkv"], None, residual, config=cfg["qkv"])
@@ -63,6 +67,20 @@ class DecodeStep:
         return gemv(normed, self.lm_head, config=cfg["lm_head"])
 
 
+def norm_variant(spec: str) -> dict:
+    """``--norm-variants`` names: ``ppsmN`` (a persistent launch of N programs an SM), ``l2`` (the first K
+    step asked of L2 after the PDL wait), joined by ``+``; the fields they set in the fused chains' tiles."""
+    fields: dict = {}
+    for part in spec.split("+"):
+        if part.startswith("ppsm") and part[4:].isdigit():
+            fields["programs_per_sm"] = int(part[4:])
+        elif part == "l2":
+            fields["first_step_to_l2"] = True
+        else:
+            raise SystemExit(f"--norm-variants: {part!r} is neither ppsmN nor l2 (e.g. ppsm2+l2)")
+    return fields
+
+
 def main_step(args, copy_bw: float) -> None:
     results = []
     for model in args.models:
@@ -72,10 +90,11 @@ def main_step(args, copy_bw: float) -> None:
             gen = torch.Generator(device=DEVICE).manual_seed(num_rows)
             x, residual = (torch.randn(2, num_rows, step.hidden_size, device=DEVICE, generator=gen)).to(DTYPE)
             want = step.forward(x, residual, 0).view(torch.int16)
-            variants = [(f"prefetch {s}", s, True) for s in args.prefetch_steps] + [("no PDL", 0, False)]
+            variants = [(f"prefetch {s}", s, True, {}) for s in args.prefetch_steps] + [("no PDL", 0, False, {})]
+            variants += [(spec, 0, True, norm_variant(spec)) for spec in args.norm_variants or ()]
             line = []
-            for name, steps, pdl in variants:
-                run, pdl_before = functools.partial(step.forward, x, residual, steps), fused.PDL
+            for name, steps, pdl, norm_tiles in variants:
+                run, pdl_before = functools.partial(step.forward, x, residual, steps, norm_tiles), fused.PDL
                 fused.PDL = pdl  # read by use_pdl at each launch, so in the capture too
                 try:
                     equal = torch.equal(run().view(torch.int16), want)
@@ -83,7 +102,8 @@ def main_step(args, copy_bw: float) -> None:
                 finally:
                     fused.PDL = pdl_before
                 results.append({"model": model, "num_rows": num_rows, "system": name, "prefetch_steps": steps,
-                                "pdl": pdl, "time_us": round(t_us, 1), "bytes": step.num_bytes, "equal": equal,
+                                "pdl": pdl, "norm_tiles": norm_tiles, "time_us": round(t_us, 1),
+                                "bytes": step.num_bytes, "equal": equal,
                                 "gb_s": round(step.num_bytes / (t_us * 1e-6) / GB, 1),
                                 "copy_bw_share": round(floor_us / t_us, 3)})
                 line.append(f"{name}: {t_us:8.1f} us {floor_us / t_us:5.1%}{'' if equal else ' NOT EQUAL'}")

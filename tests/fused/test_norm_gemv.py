@@ -9,6 +9,8 @@ row, so the fused launch normalises two rows in two blocks.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -78,6 +80,21 @@ def test_tiles_with_several_k_steps_and_padded_rows(config, num_rows, device):
         got, got_sum = rms_norm_gemv(x, norm_weight, EPS, weight, bias, residual, silu=silu, config=cfg)
         want, want_sum = separate(x, residual, norm_weight, weight, bias, cfg, silu)
         assert torch.equal(got, want) and torch.equal(got_sum, want_sum)
+
+
+@pytest.mark.parametrize("num_rows", [1, 3])
+def test_persistent_launch_changes_no_bit(num_rows, device):
+    """``programs_per_sm``: fewer programs than column blocks, each walking several of them after one norm
+    prologue; every block's sums are those of the launch of one program a block."""
+    n, k = SHAPES[0]
+    cfg = CONFIGS["4x16-s3"]
+    x, residual, norm_weight, weight, bias = make_inputs(num_rows, n, k, torch.bfloat16, device, seed=11)
+    for silu in (False, True):  # 19 and 10 blocks of 4 columns over a handful of programs
+        want, want_sum = rms_norm_gemv(x, norm_weight, EPS, weight, bias, residual, silu=silu, config=cfg)
+        for programs_per_sm in (1, 2):
+            got, got_sum = rms_norm_gemv(x, norm_weight, EPS, weight, bias, residual, silu=silu,
+                                         config=replace(cfg, programs_per_sm=programs_per_sm))
+            assert torch.equal(got, want) and torch.equal(got_sum, want_sum)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)

@@ -60,6 +60,12 @@ class GemvConfig:
     # several K steps: the first ones' W asked of L2 before the PDL wait (0: none). Off: on the H100 one
     # Qwen3-8B decode step's projections took 5,536 us at 0, 5,560 at 1, 5,746 at 2 (benchmarks.gemv --step)
     prefetch_steps: int = 0
+    # fused/norm_gemv.py only, for tiles of several K steps. programs_per_sm > 0: a persistent launch of that
+    # many programs an SM, each walking column blocks (the norm's prologue once a program, not once a block);
+    # first_step_to_l2: after the PDL wait, ask L2 for the first K step's W (then the next block's) while the
+    # prologue (the block) runs. Neither changes a bit: each block's sums are the same code on the same tiles.
+    programs_per_sm: int = 0
+    first_step_to_l2: bool = False
 
 
 @triton.jit

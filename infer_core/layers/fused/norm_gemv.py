@@ -35,6 +35,7 @@ import triton.language as tl
 
 from infer_core.layers.fused import use_pdl
 from infer_core.layers.fused.gemv import (
+    L2_LINE_BYTES,
     MAX_ROWS,
     GemvConfig,
     add_row_products,
@@ -122,66 +123,87 @@ def _norm_gemv_kernel(
     NORM_BLOCK_N: tl.constexpr,
     SILU: tl.constexpr,
     PREFETCH_LINES: tl.constexpr,
+    FIRST_STEP_LINES: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    """``y[M, N]``: (silu(gate) * up of) ``norm(x (+ residual)) @ W^T (+ bias)``; N is I with SILU (W has 2I rows)."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    # columns past N re-read row N-1 and are not stored (as in gemv.py); up rows are N below their gate rows
-    col_rows = tl.minimum(cols, N - 1).to(tl.int64)
+    """``y[M, N]``: (silu(gate) * up of) ``norm(x (+ residual)) @ W^T (+ bias)``; N is I with SILU (W has 2I rows).
+
+    Program p computes column blocks p, p + P, p + 2P, ... (P programs): one block each unless the
+    launch is persistent (fewer programs than blocks), which pays the norm's prologue once per program.
+    """
     offs_k = tl.arange(0, BLOCK_K)
     offs_m = tl.arange(0, BLOCK_M)
-    gate_ptrs = w_ptr + (col_rows * stride_wn)[:, None] + offs_k[None, :]
-    up_ptrs = w_ptr + ((col_rows + N) * stride_wn)[:, None] + offs_k[None, :]
+    # the first block's W: columns past N re-read row N-1 and are not stored (as in gemv.py); up rows are N
+    # below their gate rows
+    first_rows = tl.minimum(tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)
     if SINGLE_STEP:  # no kernel writes weights: the whole tile may load while the kernel before drains
-        gate_first = load_w_tile(gate_ptrs, offs_k, K, EVEN_K)
+        gate_first = load_w_tile(w_ptr + (first_rows * stride_wn)[:, None] + offs_k[None, :], offs_k, K, EVEN_K)
         if SILU:
-            up_first = load_w_tile(up_ptrs, offs_k, K, EVEN_K)
+            up_first = load_w_tile(w_ptr + ((first_rows + N) * stride_wn)[:, None] + offs_k[None, :], offs_k, K,
+                                   EVEN_K)
     if PREFETCH_LINES > 0:  # several steps: the first ones' W streams into L2 meanwhile
-        prefetch_w_to_l2(w_ptr, col_rows * stride_wn, K, PREFETCH_LINES)
+        prefetch_w_to_l2(w_ptr, first_rows * stride_wn, K, PREFETCH_LINES)
         if SILU:
-            prefetch_w_to_l2(w_ptr, (col_rows + N) * stride_wn, K, PREFETCH_LINES)
+            prefetch_w_to_l2(w_ptr, (first_rows + N) * stride_wn, K, PREFETCH_LINES)
     pdl_enter(USE_PDL)  # before any other load or store: see fused/pdl.py
+    if FIRST_STEP_LINES > 0:  # the first K step's W into L2 while the norm's prologue below runs
+        prefetch_w_to_l2(w_ptr, first_rows * stride_wn, K, FIRST_STEP_LINES)
+        if SILU:
+            prefetch_w_to_l2(w_ptr, (first_rows + N) * stride_wn, K, FIRST_STEP_LINES)
     if HAS_NORM:
         rstd_rows = _rows_rstd(x_ptr, res_ptr, res_out_ptr, num_rows, K, stride_xm, stride_rm, eps, offs_m,
                                BLOCK_M, NORM_BLOCK_M, NORM_BLOCK_N, HAS_RESIDUAL)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # SILU only
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-        k = k0 + offs_k
-        if SINGLE_STEP:
-            w = gate_first
-            if SILU:
-                w_up = up_first
-        else:
-            w = load_w_tile(gate_ptrs, k, K, EVEN_K)
-            if SILU:
-                w_up = load_w_tile(up_ptrs, k, K, EVEN_K)
-        for m in tl.static_range(BLOCK_M):
-            row = tl.minimum(m, num_rows - 1)  # rows past num_rows: repeats, not stored
-            if HAS_NORM:
-                rstd = tl.sum(tl.where(offs_m == row, rstd_rows, 0.0), axis=0)
-                xm = _normed_chunk(x_ptr, res_ptr, norm_w_ptr, row, k, K, stride_xm, stride_rm, rstd, HAS_RESIDUAL)
-            elif EVEN_K:
-                xm = tl.load(x_ptr + row * stride_xm + k).to(tl.float32)
-            else:
-                xm = tl.load(x_ptr + row * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
-            acc = add_row_products(acc, w, xm, m, offs_m)
-            if SILU:
-                acc_up = add_row_products(acc_up, w_up, xm, m, offs_m)
-        gate_ptrs += BLOCK_K
-        up_ptrs += BLOCK_K
-    col_ok = cols < N
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        if SILU:
-            acc_up += tl.load(bias_ptr + N + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     dtype = y_ptr.dtype.element_ty
-    if SILU:  # silu_and_mul.py's arithmetic on gate and up as the GEMV stores them
-        gate = acc.to(dtype).to(tl.float32)
-        silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-        acc = silu * acc_up.to(dtype).to(tl.float32)
-    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + cols[None, :]
-    tl.store(y_ptrs, acc.to(dtype), mask=(offs_m[:, None] < num_rows) & col_ok[None, :])
+    num_blocks = tl.cdiv(N, BLOCK_N)
+    for block in tl.range(tl.program_id(0), num_blocks, tl.num_programs(0)):
+        cols = block * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_rows = tl.minimum(cols, N - 1).to(tl.int64)
+        gate_ptrs = w_ptr + (col_rows * stride_wn)[:, None] + offs_k[None, :]
+        up_ptrs = w_ptr + ((col_rows + N) * stride_wn)[:, None] + offs_k[None, :]
+        if FIRST_STEP_LINES > 0:
+            if block + tl.num_programs(0) < num_blocks:  # persistent: the next block's first K step, into L2
+                next_rows = tl.minimum(cols + tl.num_programs(0) * BLOCK_N, N - 1).to(tl.int64)
+                prefetch_w_to_l2(w_ptr, next_rows * stride_wn, K, FIRST_STEP_LINES)
+                if SILU:
+                    prefetch_w_to_l2(w_ptr, (next_rows + N) * stride_wn, K, FIRST_STEP_LINES)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # SILU only
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+            k = k0 + offs_k
+            if SINGLE_STEP:  # one block a program (the launcher's rule): the tile loaded above
+                w = gate_first
+                if SILU:
+                    w_up = up_first
+            else:
+                w = load_w_tile(gate_ptrs, k, K, EVEN_K)
+                if SILU:
+                    w_up = load_w_tile(up_ptrs, k, K, EVEN_K)
+            for m in tl.static_range(BLOCK_M):
+                row = tl.minimum(m, num_rows - 1)  # rows past num_rows: repeats, not stored
+                if HAS_NORM:
+                    rstd = tl.sum(tl.where(offs_m == row, rstd_rows, 0.0), axis=0)
+                    xm = _normed_chunk(x_ptr, res_ptr, norm_w_ptr, row, k, K, stride_xm, stride_rm, rstd,
+                                       HAS_RESIDUAL)
+                elif EVEN_K:
+                    xm = tl.load(x_ptr + row * stride_xm + k).to(tl.float32)
+                else:
+                    xm = tl.load(x_ptr + row * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
+                acc = add_row_products(acc, w, xm, m, offs_m)
+                if SILU:
+                    acc_up = add_row_products(acc_up, w_up, xm, m, offs_m)
+            gate_ptrs += BLOCK_K
+            up_ptrs += BLOCK_K
+        col_ok = cols < N
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            if SILU:
+                acc_up += tl.load(bias_ptr + N + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if SILU:  # silu_and_mul.py's arithmetic on gate and up as the GEMV stores them
+            gate = acc.to(dtype).to(tl.float32)
+            silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+            acc = silu * acc_up.to(dtype).to(tl.float32)
+        y_ptrs = y_ptr + offs_m[:, None] * stride_ym + cols[None, :]
+        tl.store(y_ptrs, acc.to(dtype), mask=(offs_m[:, None] < num_rows) & col_ok[None, :])
 
 
 def _rows(t: torch.Tensor, k: int) -> torch.Tensor:
@@ -227,15 +249,22 @@ def _launch(x, residual, norm_weight, eps, weight, bias, silu: bool, config: Gem
         config = choose(n, k, x.element_size(), num_sms(x.device))
     norm_block_m, norm_block_n, _, _ = norm_tiles(k, MAX_SINGLE_PASS)
     pdl = use_pdl(x)
-    _norm_gemv_kernel[(triton.cdiv(n_out, config.block_n),)](
+    num_blocks = triton.cdiv(n_out, config.block_n)
+    single_step = config.block_k >= k
+    persistent = config.programs_per_sm > 0 and not single_step  # a one-step tile is loaded for one block only
+    num_programs = min(num_blocks, config.programs_per_sm * num_sms(x.device)) if persistent else num_blocks
+    first_step_lines = 0
+    if config.first_step_to_l2 and not single_step and x.is_cuda:  # inline PTX: CUDA only
+        first_step_lines = triton.next_power_of_2(triton.cdiv(config.block_k * x.element_size(), L2_LINE_BYTES.value))
+    _norm_gemv_kernel[(num_programs,)](
         rows, res_rows, norm_weight if norm_weight is not None else weight, weight,
         bias if bias is not None else weight, out, res_out if res_out is not None else out,
         num_rows, n_out, k, rows.stride(0), res_rows.stride(0), weight.stride(0), n_out, eps,
         BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_K=k % config.block_k == 0, HAS_BIAS=bias is not None, NUM_STAGES=config.num_stages,
-        SINGLE_STEP=config.block_k >= k, HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None,
+        SINGLE_STEP=single_step, HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None,
         NORM_BLOCK_M=norm_block_m, NORM_BLOCK_N=norm_block_n, SILU=silu,
-        PREFETCH_LINES=prefetch_lines(config, k, x.element_size(), pdl),
+        PREFETCH_LINES=prefetch_lines(config, k, x.element_size(), pdl), FIRST_STEP_LINES=first_step_lines,
         num_warps=config.num_warps, num_stages=config.num_stages,
         USE_PDL=pdl, launch_pdl=pdl,
     )
