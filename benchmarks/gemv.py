@@ -237,8 +237,8 @@ def main() -> None:
     parser.add_argument("--prefetch-steps", nargs="+", type=int, default=None,
                         help="K steps of W asked of L2 before the PDL wait to time (default: --step 0 1 2, else none)")
     parser.add_argument("--norm-variants", nargs="+", default=None,
-                        help="--step: also time the fused chains' tiles with ppsmN (persistent, N programs an SM) "
-                             "and/or l2 (first K step asked of L2 after the PDL wait), e.g. ppsm2 l2 ppsm2+l2")
+                        help="--step: also time the fused chains' tiles at ppsmN (persistent, N programs an SM; "
+                             "ppsm0: a program a block), e.g. ppsm0 ppsm1 ppsm4")
     parser.add_argument("--reps", type=int, default=50, help="graph replays per --step figure (the median is kept)")
     parser.add_argument("--no-pdl", action="store_true",
                         help="launch without programmatic dependent launch (--step times both anyway)")

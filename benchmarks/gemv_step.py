@@ -68,17 +68,10 @@ class DecodeStep:
 
 
 def norm_variant(spec: str) -> dict:
-    """``--norm-variants`` names: ``ppsmN`` (a persistent launch of N programs an SM), ``l2`` (the first K
-    step asked of L2 after the PDL wait), joined by ``+``; the fields they set in the fused chains' tiles."""
-    fields: dict = {}
-    for part in spec.split("+"):
-        if part.startswith("ppsm") and part[4:].isdigit():
-            fields["programs_per_sm"] = int(part[4:])
-        elif part == "l2":
-            fields["first_step_to_l2"] = True
-        else:
-            raise SystemExit(f"--norm-variants: {part!r} is neither ppsmN nor l2 (e.g. ppsm2+l2)")
-    return fields
+    """``--norm-variants`` names: ``ppsmN``, the fused chains' tiles at N programs an SM (0: one a block)."""
+    if not (spec.startswith("ppsm") and spec[4:].isdigit()):
+        raise SystemExit(f"--norm-variants: {spec!r} is not ppsmN (N programs an SM, 0: one program a block)")
+    return {"programs_per_sm": int(spec[4:])}
 
 
 def main_step(args, copy_bw: float) -> None:

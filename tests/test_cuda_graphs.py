@@ -232,3 +232,29 @@ def test_decode_steps_replay_graphs_and_capture_is_fast(qwen3_06b, caplog):
     assert replays and set(replays) == {16}, replays  # 13 decoding requests replay the 16-graph
     assert len(replays) >= 18  # every decode step after the prefill
     llm.shutdown()
+
+
+def _pending_step(table: RequestTable, order: list[str]) -> SchedulerOutput:
+    """Each request of ``table`` decodes its pending token (sampled by the step before, not on the host yet)."""
+    cached = [CachedRequestData(rid, [], [], table[rid].num_computed_tokens + 1, num_pending_tokens=1)
+              for rid in order]
+    step = SchedulerOutput(cached_requests=cached, num_scheduled_tokens={rid: 1 for rid in order})
+    table.apply(step)
+    return step
+
+
+def test_pending_tokens_in_the_previous_order_are_one_prefix_copy():
+    """Steady decode (the batch in the previous step's order, every row pending) says so with pending_prefix,
+    which the runner turns into one copy; another order keeps the gather (dst, src) and no prefix."""
+    block_size = 4
+    table = RequestTable()
+    _decode_step(table, [2, 9, 5], block_size)  # each has room in its blocks for one more token
+    previous = {"r0": 0, "r1": 1, "r2": 2}
+    step = _pending_step(table, ["r0", "r1", "r2"])
+    inputs = build_step_inputs(step, table, block_size, torch.device("cpu"), previous_sample_rows=previous)
+    assert inputs.pending_prefix == 3
+    assert inputs.pending_dst.tolist() == [0, 1, 2] and inputs.pending_src.tolist() == [0, 1, 2]
+    previous = {"r0": 1, "r1": 0, "r2": 2}  # the previous step sampled r1 first
+    inputs = build_step_inputs(step, table, block_size, torch.device("cpu"), previous_sample_rows=previous)
+    assert inputs.pending_prefix == 0
+    assert inputs.pending_dst.tolist() == [0, 1, 2] and inputs.pending_src.tolist() == [1, 0, 2]

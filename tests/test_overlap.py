@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from infer_core import LLM, SamplingParams
-from infer_core.builtin.scheduler_fcfs import FCFSScheduler
 from infer_core.builtin.kv_paged import PagedKVAllocator
+from infer_core.builtin.scheduler_fcfs import FCFSScheduler
 from infer_core.interfaces import Request, RunnerOutput, SchedulerConfig
 
 
@@ -160,3 +160,30 @@ def test_scheduler_counts_the_in_flight_step():
     assert scheduler.schedule().is_empty
     (update,) = scheduler.update(decode, RunnerOutput(["r"], [[8]], [None]), {"r": [8]})
     assert update.finished and request.output_token_ids == [9, 8] and request.num_computed_tokens == 4
+
+
+@pytest.mark.gpu
+def test_host_slots_are_reused_once_read_and_replaced_while_unread():
+    """The pinned buffers for sampled ids (runner/step_output.py): a step's ids land in its slot; a slot is
+    taken again only after its step was read, and a slot still unread is left to that step."""
+    import torch
+
+    from infer_core.layers.sampler import SamplerOutput
+    from infer_core.runner.state import RequestState
+    from infer_core.runner.step_output import HostSlots, SampledStep
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    slots = HostSlots(max_rows=4, stream=torch.cuda.current_stream(), num_slots=2)
+    states = [RequestState(rid, [1], 1, SamplingParams(), [], 1) for rid in ("a", "b")]
+    steps = []
+    for i in range(4):
+        ids = torch.tensor([10 * i, 10 * i + 1], device="cuda")
+        steps.append(SampledStep(["a", "b"], [0, 1], states, SamplerOutput(ids), slot=slots.take(2)))
+        assert steps[-1].result().sampled_token_ids == [[10 * i], [10 * i + 1]]
+    assert steps[0].slot is steps[2].slot and steps[1].slot is steps[3].slot  # round-robin, each read in time
+    unread = SampledStep(["a"], [0], states[:1], SamplerOutput(torch.tensor([7], device="cuda")), slot=slots.take(1))
+    slots.take(1)  # the other slot
+    replacement = slots.take(1)  # unread's turn again: it still holds that step's ids
+    assert replacement is not unread.slot and unread.result().sampled_token_ids == [[7]]
+    assert slots.take(5) is None  # more rows than a slot holds: the step gets its own buffer

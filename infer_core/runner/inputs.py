@@ -34,6 +34,9 @@ class StepInputs:
     # must be set to ``previous_sampled[pending_src]`` on the device before the forward.
     pending_dst: torch.Tensor | None = None  # int32 flat-batch indices
     pending_src: torch.Tensor | None = None  # int32 rows of the previous step's sampled ids
+    # > 0 when pending_dst and pending_src are both 0..n-1 (steady decode: the batch in the previous step's
+    # order, every row pending): then ``input_ids[:n] = previous_sampled[:n]``, one copy instead of a gather
+    pending_prefix: int = 0
 
 
 class StepBuffers:
@@ -66,6 +69,8 @@ class StepBuffers:
         # The host buffers are rewritten each step; wait until the previous copy has read them
         # (a rank that never syncs on sampled tokens could otherwise run ahead of its copies).
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
+        # the stream the steps run on, looked up once (current_stream() costs microseconds of Python a call)
+        self._stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
 
     def fits(self, num_tokens: int, num_reqs: int, max_blocks: int) -> bool:
         return (num_tokens <= self.max_num_tokens and num_reqs <= self.max_num_reqs
@@ -81,7 +86,7 @@ class StepBuffers:
         self._packed.copy_(self._packed_host, non_blocking=True)
         self.block_tables[:num_reqs, :num_block_cols].copy_(
             self._block_tables_host[:num_reqs, :num_block_cols], non_blocking=True)
-        self._copied.record()
+        self._copied.record(self._stream)
 
     def fill_padding(self, num_tokens: int, padded_tokens: int, num_reqs: int, padded_reqs: int,
                      block_size: int) -> None:
@@ -172,9 +177,10 @@ def build_step_inputs(
     h["logits_indices"][:num_samples] = (np.repeat(ends - samples, samples) + np.arange(num_samples) - first_of_row)
 
     pending_reqs = np.flatnonzero(num_pending)
+    pending_prefix = 0
     if len(pending_reqs):
-        _place_pending(request_ids, pending_reqs, num_pending, num_on_host - computed, query_lens,
-                       query_start_loc, previous_sample_rows, h)
+        pending_prefix = _place_pending(request_ids, pending_reqs, num_pending, num_on_host - computed, query_lens,
+                                        query_start_loc, previous_sample_rows, h)
 
     if padded_tokens > num_tokens:
         buffers.fill_padding(num_tokens, padded_tokens, num_reqs, padded_reqs, block_size)
@@ -209,13 +215,15 @@ def build_step_inputs(
         padded_num_tokens=padded_tokens,
         pending_dst=d["pending_dst"][: len(pending_reqs)] if len(pending_reqs) else None,
         pending_src=d["pending_src"][: len(pending_reqs)] if len(pending_reqs) else None,
+        pending_prefix=pending_prefix,
     )
 
 
 def _place_pending(request_ids: list[str], pending_reqs: np.ndarray, num_pending: np.ndarray,
                    pending_offset: np.ndarray, query_lens: np.ndarray, query_start_loc: np.ndarray,
-                   previous_sample_rows: dict[str, int] | None, h: dict[str, np.ndarray]) -> None:
-    """Where each pending token goes in the flat batch, and which previous sample it is."""
+                   previous_sample_rows: dict[str, int] | None, h: dict[str, np.ndarray]) -> int:
+    """Where each pending token goes in the flat batch, and which previous sample it is; returns n when
+    both are 0..n-1 (see ``StepInputs.pending_prefix``), else 0."""
     get = (previous_sample_rows or {}).get
     # -1: not sampled by the previous step (checked below with the rest, over whole arrays)
     src = np.fromiter((get(request_ids[i], -1) for i in pending_reqs.tolist()), dtype=np.int64,
@@ -227,5 +235,8 @@ def _place_pending(request_ids: list[str], pending_reqs: np.ndarray, num_pending
         raise RuntimeError(f"request {request_ids[i]}: {num_pending[i]} pending token(s) at offset {pending_offset[i]} "
                            "that the previous step did not sample; scheduler and runner disagree")
     n = len(pending_reqs)
-    h["pending_dst"][:n] = query_start_loc[pending_reqs] + offset
+    dst = h["pending_dst"][:n]
+    np.add(query_start_loc[pending_reqs], offset, out=dst)
     h["pending_src"][:n] = src
+    in_order = src[-1] == n - 1 and dst[-1] == n - 1 and np.array_equal(src, np.arange(n)) and np.array_equal(dst, src)
+    return n if in_order else 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
@@ -32,8 +33,8 @@ from infer_core.runner.kv_cache import (
     cuda_num_blocks,
 )
 from infer_core.runner.sampling_inputs import build_sampling_batch, to_device
-from infer_core.runner.state import RequestTable
-from infer_core.runner.step_output import SampledStep
+from infer_core.runner.state import RequestState, RequestTable
+from infer_core.runner.step_output import HostSlots, SampledStep
 from infer_core.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class ModelRunner:
         self.max_blocks_per_req = -(-config.max_model_len // config.block_size) + 1  # +1: a draft's lookahead
         self.requests = RequestTable(settings.max_num_seqs, config.max_model_len, self.max_blocks_per_req)
         self.buffers: StepBuffers | None = None  # sized and allocated with the KV cache
+        self.host_slots: HostSlots | None = None  # pinned buffers for sampled ids (CUDA), with the KV cache
         self.graphs: CudaGraphRunner | None = None
         self.return_logits = False  # tests and accuracy checks: copy sampled positions' logits to the host
         # Unseeded sampling draws from this generator, not torch's global one: reproducible run to
@@ -186,6 +188,8 @@ class ModelRunner:
         max_num_tokens = max(s.max_num_batched_tokens, s.max_num_seqs)
         self.buffers = StepBuffers(max_num_tokens, s.max_num_seqs, self.max_blocks_per_req, self.device,
                                    pad_block=num_blocks)
+        if self.device.type == "cuda":
+            self.host_slots = HostSlots(max_num_tokens, torch.cuda.current_stream(self.device))
         if self.uses_cuda_graphs():
             self.graphs = CudaGraphRunner(self.buffers, self.config.block_size, self.config.max_model_len,
                                           capture_sizes(s.max_num_seqs), self._prefill_graph_sizes())
@@ -259,7 +263,9 @@ class ModelRunner:
             graph_size, prefill_size = self._graph_sizes(output)
             inputs = build_step_inputs(output, self.requests, self.config.block_size, self.device, self.buffers,
                                        graph_size, self.last_sample_rows, prefill_size)
-            if inputs.pending_dst is not None:
+            if inputs.pending_prefix:  # steady decode: the previous step's ids, in order, are the first inputs
+                inputs.input_ids[: inputs.pending_prefix].copy_(self.last_sampled[: inputs.pending_prefix])
+            elif inputs.pending_dst is not None:
                 pending_ids = self.last_sampled.index_select(0, inputs.pending_src).to(inputs.input_ids.dtype)
                 inputs.input_ids.index_put_((inputs.pending_dst,), pending_ids)
         with step_range("infer.forward"):
@@ -292,19 +298,23 @@ class ModelRunner:
         with step_range("infer.sample"):
             sampled_ids = [inputs.request_ids[row] for row in inputs.sample_rows]
             states = [self.requests[rid] for rid in sampled_ids]
-            pending = [i for i, state in enumerate(states) if state.num_pending_tokens]
             batch = build_sampling_batch(states, self.config.model.vocab_size, self.config.eos_token_ids,
                                          self.device, self.generator, token_table=self.requests.token_ids,
-                                         pending=self._pending_ids(pending, sampled_ids))
+                                         pending=functools.partial(self._pending_ids, states, sampled_ids,
+                                                                   self.last_sampled, self.last_sample_rows))
             result = sample(logits, batch)
         self.last_sampled = result.token_ids
         self.last_sample_rows = {rid: i for i, rid in enumerate(sampled_ids)}
+        slot = self.host_slots.take(result.token_ids.shape[0]) if self.host_slots is not None else None
         return SampledStep(inputs.request_ids, inputs.sample_rows, states, result,
-                           logits if self.return_logits else None)
+                           logits if self.return_logits else None, slot)
 
-    def _pending_ids(self, rows: list[int], request_ids: list[str]) -> tuple[list[int], torch.Tensor] | None:
-        """(sampling rows, their pending token ids on the device): the penalties count them too."""
+    def _pending_ids(self, states: list[RequestState], request_ids: list[str], last_sampled: torch.Tensor | None,
+                     last_sample_rows: dict[str, int]) -> tuple[list[int], torch.Tensor] | None:
+        """(sampling rows, their pending token ids on the device): the penalties count them too. Called by the
+        batch builder only when some row has penalties (with the previous step's sampled ids, bound at the call)."""
+        rows = [i for i, state in enumerate(states) if state.num_pending_tokens]
         if not rows:
             return None
-        src = np.array([self.last_sample_rows[request_ids[i]] for i in rows], dtype=np.int64)
-        return rows, self.last_sampled.index_select(0, to_device(src, self.device))
+        src = np.array([last_sample_rows[request_ids[i]] for i in rows], dtype=np.int64)
+        return rows, last_sampled.index_select(0, to_device(src, self.device))

@@ -8,12 +8,17 @@ copy is from pinned memory and does not block, so building a batch never waits f
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
 from infer_core.layers.sampler import SamplingBatch
 from infer_core.layers.sampling.philox import seed_key
 from infer_core.runner.state import RequestState
+
+# () -> (rows, their pending token ids on the device) or None; a call, since only penalties read them
+PendingTokens = Callable[[], "tuple[list[int], torch.Tensor] | None"]
 
 
 def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -44,7 +49,7 @@ def _history(state: RequestState, token_table: np.ndarray | None) -> np.ndarray:
 
 
 def _penalty_tensors(batch: SamplingBatch, states: list[RequestState], vocab_size: int, device: torch.device,
-                     token_table: np.ndarray | None, pending: tuple[list[int], torch.Tensor] | None) -> None:
+                     token_table: np.ndarray | None, pending: PendingTokens | None) -> None:
     """``output_counts`` and ``seen_mask`` [R, V], scattered on the device from one index copy
     (plus the pending tokens, which are only on the device)."""
     num_rows = len(states)
@@ -56,6 +61,7 @@ def _penalty_tensors(batch: SamplingBatch, states: list[RequestState], vocab_siz
     num_seen = sum(len(part) for part in seen_parts)
     indices = to_device(np.concatenate(seen_parts + output_parts), device)
     seen_ids, output_ids = indices[:num_seen], indices[num_seen:]
+    pending = pending() if pending is not None else None
     if pending is not None:
         rows, token_ids = pending
         flat = to_device(np.asarray(rows, dtype=np.int64) * vocab_size, device) + token_ids
@@ -71,13 +77,14 @@ def _penalty_tensors(batch: SamplingBatch, states: list[RequestState], vocab_siz
 def build_sampling_batch(
     states: list[RequestState], vocab_size: int, eos_token_ids: tuple[int, ...], device: torch.device,
     generator: torch.Generator | None = None, token_table: np.ndarray | None = None,
-    pending: tuple[list[int], torch.Tensor] | None = None,
+    pending: PendingTokens | None = None,
 ) -> SamplingBatch:
     """One row per sampled position; only the features some row uses are materialised.
 
     ``token_table``: the runner's [num_rows, max_tokens] host array of token ids, indexed by
     ``RequestState.row``; given, the penalties read histories from it instead of the lists.
-    ``pending``: (rows, their pending token ids on the device), the last output token of rows whose
+    ``pending``: called only when a row has penalties: (rows, their pending token ids on the device) or
+    None, the last output token of rows whose
     previous step has not reported back yet (overlapped scheduling).
     """
     params = [s.sampling_params for s in states]

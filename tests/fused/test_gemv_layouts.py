@@ -136,8 +136,7 @@ def gemv_layouts(n: int, k: int, num_rows: int, cfg) -> list[str]:
     return reduce_layouts(gemv_asm(n, k, num_rows, cfg, h100_prefetch(cfg, k))["ttgir"])
 
 
-def fused_asm(n: int, k: int, num_rows: int, cfg, prefetch: int, *, norm: bool, silu: bool,
-              first_step_lines: int = 0) -> dict:
+def fused_asm(n: int, k: int, num_rows: int, cfg, prefetch: int, *, norm: bool, silu: bool) -> dict:
     from infer_core.layers.fused.norm_gemv import _norm_gemv_kernel
     from infer_core.layers.fused.rms_norm import MAX_SINGLE_PASS
     from infer_core.layers.fused.rms_norm import _tiles as norm_tiles
@@ -151,7 +150,7 @@ def fused_asm(n: int, k: int, num_rows: int, cfg, prefetch: int, *, norm: bool, 
         BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=True, NUM_STAGES=cfg.num_stages, SINGLE_STEP=cfg.block_k >= k,
         HAS_NORM=norm, HAS_RESIDUAL=norm, NORM_BLOCK_M=bm, NORM_BLOCK_N=bn, SILU=silu, PREFETCH_LINES=prefetch,
-        FIRST_STEP_LINES=first_step_lines, USE_PDL=True), cfg.num_warps, cfg.num_stages)
+        USE_PDL=True), cfg.num_warps, cfg.num_stages)
 
 
 def fused_layouts(n: int, k: int, num_rows: int, cfg, *, norm: bool, silu: bool) -> list[str]:

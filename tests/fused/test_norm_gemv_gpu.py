@@ -91,22 +91,21 @@ def test_l2_prefetch_changes_no_bit(model):
 
 
 @pytest.mark.parametrize("model", ["qwen3-8b", "llama-3.1-8b"])
-def test_persistent_launch_and_first_step_prefetch_change_no_bit(model):
-    """At K=4096 (two K steps a block): a persistent launch (1, 2 programs an SM, each block after the first
-    prefetching the next one's first K step) and the first K step asked of L2 after the PDL wait give the
-    bits of one program a block."""
+def test_persistent_launch_changes_no_bit(model):
+    """At K=4096 (two K steps a block) the fused launch is persistent by default; at 1, 2, 4 programs an SM and
+    at one program a block it gives the same bits."""
     k, n_qkv, n_gate_up = MODELS[model]
     for n, silu in ((n_qkv, False), (n_gate_up, True)):
         cfg = config_after_rms_norm(n, k, 2, num_sms(torch.device("cuda")))
-        assert cfg.block_k < k, cfg
+        assert cfg.block_k < k and cfg.programs_per_sm > 0, cfg
         for num_rows in (1, 2):
             x, residual, norm_weight, weight, bias = inputs(num_rows, n, k, seed=num_rows)
             want = rms_norm_gemv(x, norm_weight, EPS, weight, bias, residual, silu=silu,
-                                 config=replace(cfg, programs_per_sm=0, first_step_to_l2=False))
-            for programs_per_sm, first_step in ((0, True), (1, False), (2, True)):
+                                 config=replace(cfg, programs_per_sm=0))
+            for programs_per_sm in (1, 2, 4):
                 got = rms_norm_gemv(x, norm_weight, EPS, weight, bias, residual, silu=silu,
-                                    config=replace(cfg, programs_per_sm=programs_per_sm, first_step_to_l2=first_step))
-                assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (programs_per_sm, first_step)
+                                    config=replace(cfg, programs_per_sm=programs_per_sm))
+                assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), programs_per_sm
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)

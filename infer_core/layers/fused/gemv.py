@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -43,6 +43,10 @@ from infer_core.layers.fused.rms_norm import _tiles as norm_tiles
 LARGE_K = 4096  # from this K on, the large-K tiles of choose_config
 LARGE_K_TILE = 16384  # elements of W a program loads per K step there (32 KiB of bf16)
 LARGE_K_WARPS = 16
+# After a norm, tiles of several K steps run persistent at 2 programs an SM. On the H100, a Qwen3-8B decode
+# step's projections (benchmarks.gemv --step) took 5,562 us with a program a block, 5,712 / 5,419 / 5,445 at
+# 1 / 2 / 4 programs an SM; asking L2 for each block's first K step after the PDL wait lost at every count.
+NORM_GEMV_PROGRAMS_PER_SM = 2
 MAX_ROWS = 8  # decode batches; more rows than this is a GEMM, F.linear's job
 PROGRAMS_PER_SM = 2  # at least two programs an SM: one loads while the other sums
 TILE_BYTES = 16 << 10  # W bytes one program loads per K step: 64 bf16 values a thread at 4 warps
@@ -60,12 +64,10 @@ class GemvConfig:
     # several K steps: the first ones' W asked of L2 before the PDL wait (0: none). Off: on the H100 one
     # Qwen3-8B decode step's projections took 5,536 us at 0, 5,560 at 1, 5,746 at 2 (benchmarks.gemv --step)
     prefetch_steps: int = 0
-    # fused/norm_gemv.py only, for tiles of several K steps. programs_per_sm > 0: a persistent launch of that
-    # many programs an SM, each walking column blocks (the norm's prologue once a program, not once a block);
-    # first_step_to_l2: after the PDL wait, ask L2 for the first K step's W (then the next block's) while the
-    # prologue (the block) runs. Neither changes a bit: each block's sums are the same code on the same tiles.
+    # fused/norm_gemv.py only, for tiles of several K steps: > 0, a persistent launch of that many programs an
+    # SM, each walking column blocks, so the norm's prologue runs once a program rather than once a block. No bit
+    # changes: each block's sums are the same code on the same tiles. See NORM_GEMV_PROGRAMS_PER_SM.
     programs_per_sm: int = 0
-    first_step_to_l2: bool = False
 
 
 @triton.jit
@@ -230,9 +232,13 @@ def config_after_rms_norm(n: int, k: int, element_size: int, num_sms: int) -> Ge
     A sum's bits depend on the thread layout the compiler gives the summed tile, and that depends on
     the warp count: one launch of norm + GEMV has one, so the norm's sum of squares and the GEMV's
     column sums are the separate kernels' sums only if both run at the norm kernel's warp count.
-    The GEMV after the norm runs at it unfused too, so fusing changes no bit.
+    The GEMV after the norm runs at it unfused too, so fusing changes no bit. Fused, tiles of several K
+    steps run persistent (``NORM_GEMV_PROGRAMS_PER_SM``), which the plain GEMV ignores.
     """
-    return choose_config(n, k, element_size, num_sms, num_warps=rms_norm_warps(k))
+    warps = rms_norm_warps(k)  # None: a two-pass norm, never fused
+    config = choose_config(n, k, element_size, num_sms, num_warps=warps)
+    fused_steps = warps is not None and config.block_k < k
+    return replace(config, programs_per_sm=NORM_GEMV_PROGRAMS_PER_SM) if fused_steps else config
 
 
 @functools.cache

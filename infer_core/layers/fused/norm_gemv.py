@@ -35,7 +35,6 @@ import triton.language as tl
 
 from infer_core.layers.fused import use_pdl
 from infer_core.layers.fused.gemv import (
-    L2_LINE_BYTES,
     MAX_ROWS,
     GemvConfig,
     add_row_products,
@@ -123,7 +122,6 @@ def _norm_gemv_kernel(
     NORM_BLOCK_N: tl.constexpr,
     SILU: tl.constexpr,
     PREFETCH_LINES: tl.constexpr,
-    FIRST_STEP_LINES: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """``y[M, N]``: (silu(gate) * up of) ``norm(x (+ residual)) @ W^T (+ bias)``; N is I with SILU (W has 2I rows).
@@ -146,10 +144,6 @@ def _norm_gemv_kernel(
         if SILU:
             prefetch_w_to_l2(w_ptr, (first_rows + N) * stride_wn, K, PREFETCH_LINES)
     pdl_enter(USE_PDL)  # before any other load or store: see fused/pdl.py
-    if FIRST_STEP_LINES > 0:  # the first K step's W into L2 while the norm's prologue below runs
-        prefetch_w_to_l2(w_ptr, first_rows * stride_wn, K, FIRST_STEP_LINES)
-        if SILU:
-            prefetch_w_to_l2(w_ptr, (first_rows + N) * stride_wn, K, FIRST_STEP_LINES)
     if HAS_NORM:
         rstd_rows = _rows_rstd(x_ptr, res_ptr, res_out_ptr, num_rows, K, stride_xm, stride_rm, eps, offs_m,
                                BLOCK_M, NORM_BLOCK_M, NORM_BLOCK_N, HAS_RESIDUAL)
@@ -160,12 +154,6 @@ def _norm_gemv_kernel(
         col_rows = tl.minimum(cols, N - 1).to(tl.int64)
         gate_ptrs = w_ptr + (col_rows * stride_wn)[:, None] + offs_k[None, :]
         up_ptrs = w_ptr + ((col_rows + N) * stride_wn)[:, None] + offs_k[None, :]
-        if FIRST_STEP_LINES > 0:
-            if block + tl.num_programs(0) < num_blocks:  # persistent: the next block's first K step, into L2
-                next_rows = tl.minimum(cols + tl.num_programs(0) * BLOCK_N, N - 1).to(tl.int64)
-                prefetch_w_to_l2(w_ptr, next_rows * stride_wn, K, FIRST_STEP_LINES)
-                if SILU:
-                    prefetch_w_to_l2(w_ptr, (next_rows + N) * stride_wn, K, FIRST_STEP_LINES)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # SILU only
         for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
@@ -253,9 +241,6 @@ def _launch(x, residual, norm_weight, eps, weight, bias, silu: bool, config: Gem
     single_step = config.block_k >= k
     persistent = config.programs_per_sm > 0 and not single_step  # a one-step tile is loaded for one block only
     num_programs = min(num_blocks, config.programs_per_sm * num_sms(x.device)) if persistent else num_blocks
-    first_step_lines = 0
-    if config.first_step_to_l2 and not single_step and x.is_cuda:  # inline PTX: CUDA only
-        first_step_lines = triton.next_power_of_2(triton.cdiv(config.block_k * x.element_size(), L2_LINE_BYTES.value))
     _norm_gemv_kernel[(num_programs,)](
         rows, res_rows, norm_weight if norm_weight is not None else weight, weight,
         bias if bias is not None else weight, out, res_out if res_out is not None else out,
@@ -264,7 +249,7 @@ def _launch(x, residual, norm_weight, eps, weight, bias, silu: bool, config: Gem
         EVEN_K=k % config.block_k == 0, HAS_BIAS=bias is not None, NUM_STAGES=config.num_stages,
         SINGLE_STEP=single_step, HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None,
         NORM_BLOCK_M=norm_block_m, NORM_BLOCK_N=norm_block_n, SILU=silu,
-        PREFETCH_LINES=prefetch_lines(config, k, x.element_size(), pdl), FIRST_STEP_LINES=first_step_lines,
+        PREFETCH_LINES=prefetch_lines(config, k, x.element_size(), pdl),
         num_warps=config.num_warps, num_stages=config.num_stages,
         USE_PDL=pdl, launch_pdl=pdl,
     )
