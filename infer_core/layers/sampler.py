@@ -210,6 +210,19 @@ def _has_penalties(batch: SamplingBatch) -> bool:
     return batch.output_counts is not None or (batch.repetition_penalty is not None and batch.seen_mask is not None)
 
 
+def takes_argmax(batch: SamplingBatch, logits: torch.Tensor) -> bool:
+    """Whether ``sample`` gives each row's argmax of ``logits`` as they are (greedy; no penalties, banned tokens
+    or logprobs): then ``greedy_argmax`` of them, e.g. captured in a CUDA graph, gives the same tokens."""
+    return (batch.all_greedy and batch.max_num_logprobs is None and batch.banned is None
+            and not _has_penalties(batch) and logits.dtype in _WIDENS_EXACTLY)
+
+
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's first maximum [R] int64, as ``sample`` takes it for a greedy batch (no host work: capturable)."""
+    kernels = fused_kernels() if logits.is_cuda else None
+    return kernels.fused_argmax(_unit_stride(logits)) if kernels is not None else logits.argmax(dim=-1)
+
+
 def sample(logits: torch.Tensor, batch: SamplingBatch, use_fused: bool | None = None) -> SamplerOutput:
     """Sample one token per row of ``logits`` [R, V] (any float dtype; the model's, typically bfloat16).
 

@@ -19,7 +19,14 @@ from infer_core.interfaces import (
     SchedulerOutput,
 )
 from infer_core.layers import fused
-from infer_core.layers.sampler import SamplingBatch, fused_kernels, sample
+from infer_core.layers.sampler import (
+    SamplerOutput,
+    SamplingBatch,
+    fused_kernels,
+    greedy_argmax,
+    sample,
+    takes_argmax,
+)
 from infer_core.loader import Catalog
 from infer_core.models.build import BuildContext
 from infer_core.models.weights import load_model_weights
@@ -194,7 +201,8 @@ class ModelRunner:
             self.graphs = CudaGraphRunner(self.buffers, self.config.block_size, self.config.max_model_len,
                                           capture_sizes(s.max_num_seqs), self._prefill_graph_sizes())
             with torch.inference_mode():
-                self.graphs.capture(self.attention.build_metadata, self._forward_logits, self._forward_sampled)
+                self.graphs.capture(self.attention.build_metadata, self._forward_logits, self._forward_sampled,
+                                    greedy_argmax)
         if self.device.type == "cuda":
             self._warm_up_kernels()
 
@@ -302,7 +310,14 @@ class ModelRunner:
                                          self.device, self.generator, token_table=self.requests.token_ids,
                                          pending=functools.partial(self._pending_ids, states, sampled_ids,
                                                                    self.last_sampled, self.last_sample_rows))
-            result = sample(logits, batch)
+            greedy_ids = None
+            if graph_size is not None and len(inputs.sample_rows) == len(inputs.request_ids) \
+                    and takes_argmax(batch, logits):  # the decode graph's argmax, replayed: no launch from here
+                greedy_ids = self.graphs.replay_argmax(graph_size)
+            if greedy_ids is not None:
+                result = SamplerOutput(token_ids=greedy_ids[: len(inputs.request_ids)])
+            else:
+                result = sample(logits, batch)
         self.last_sampled = result.token_ids
         self.last_sample_rows = {rid: i for i, rid in enumerate(sampled_ids)}
         slot = self.host_slots.take(result.token_ids.shape[0]) if self.host_slots is not None else None
