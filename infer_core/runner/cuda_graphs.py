@@ -187,13 +187,18 @@ def _smallest_holding(sizes: list[int], captured: dict[int, _Graph], n: int) -> 
 
 
 def _capture(pool, forward: Callable, input_ids: torch.Tensor, positions: torch.Tensor, metadata: Any) -> _Graph:
-    """Warm ``forward`` up on a side stream (compiles, library workspaces), then capture it."""
+    """Warm ``forward`` up on a side stream (compiles, library workspaces), then capture it on that stream.
+
+    The same stream: scratch a kernel keeps per stream (the sampler's split counters, zeroed when first
+    allocated) then exists, zeroed, before the capture. Allocated inside a capture, its zeroing would be
+    a node of that graph only, and another graph replayed first would read whatever the memory held.
+    """
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         forward(input_ids, positions, metadata)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    with torch.cuda.graph(graph, pool=pool, stream=stream):
         logits = forward(input_ids, positions, metadata)
     return _Graph(graph, logits, metadata)

@@ -74,6 +74,11 @@ class _SplitCounters:
         key = (device.type, device.index, stream)
         buffer = self.buffers.get(key)
         if buffer is None or buffer.numel() < num_rows:
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                # zeros allocated in a capture are zeroed only when that graph replays: another graph using
+                # them first would read garbage counters. Run the kernel once on this stream before capturing.
+                raise RuntimeError("the sampler's split counters for this stream must exist before a CUDA graph "
+                                   "capture: launch the kernel once on the capture stream first")
             size = max(num_rows, 256, 0 if buffer is None else 2 * buffer.numel())
             buffer = self.buffers[key] = torch.zeros(size, dtype=torch.int32, device=device)
         return buffer
