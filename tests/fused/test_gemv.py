@@ -127,7 +127,8 @@ def test_heuristic_fills_the_gpu_at_real_shapes(num_sms):
         assert cfg.block_n * cfg.block_k * 2 <= (32 << 10 if large_k else 16 << 10)
         assert cfg.block_n * cfg.block_k // (32 * cfg.num_warps) <= 64  # W values a thread a step
         assert cfg.num_stages == (1 if cfg.block_k == k or large_k else 3), (n, k, cfg)
-    assert choose_config(1024, 3072, 2, 132) == GemvConfig(block_n=4, block_k=1024, num_warps=2, num_stages=3)
+    assert choose_config(1024, 3072, 2, 132) == GemvConfig(block_n=4, block_k=1024, num_warps=2, num_stages=3,
+                                                           prefetch_steps=1)  # 0.6B down_proj: L2 prefetch
     assert choose_config(6144, 4096, 2, 132) == GemvConfig(block_n=8, block_k=2048, num_warps=16, num_stages=1)
 
 

@@ -61,8 +61,9 @@ class GemvConfig:
     block_k: int  # K elements per loop step
     num_warps: int
     num_stages: int  # K steps in flight (1: no software pipelining)
-    # several K steps: the first ones' W asked of L2 before the PDL wait (0: none). Off: on the H100 one
-    # Qwen3-8B decode step's projections took 5,536 us at 0, 5,560 at 1, 5,746 at 2 (benchmarks.gemv --step)
+    # several K steps: the first ones' W asked of L2 before the PDL wait (0: none). Off at large K: on the H100
+    # one Qwen3-8B decode step's projections took 5,536 us at 0, 5,560 at 1, 5,746 at 2 (benchmarks.gemv
+    # --step); 1 below it (choose_config)
     prefetch_steps: int = 0
     # fused/norm_gemv.py only, for tiles of several K steps: > 0, a persistent launch of that many programs an
     # SM, each walking column blocks, so the norm's prologue runs once a program rather than once a block. No bit
@@ -204,7 +205,11 @@ def choose_config(n: int, k: int, element_size: int, num_sms: int, num_warps: in
     if num_warps is None:
         num_warps = max(1, min(8, block_n * block_k // (32 * VALUES_PER_THREAD)))
     num_stages = 1 if block_k >= k else 3
-    return GemvConfig(block_n, block_k, num_warps=num_warps, num_stages=num_stages)
+    # below the large-K tiles, a program of several K steps asks L2 for its first one before the PDL wait:
+    # a Qwen3-0.6B batch-1 decode graph (down_proj, K=3072) replayed in 881.9 us without, 871.8 with
+    # (benchmarks.graph_kernels on the H100; 872.6 with all three steps). At large K it lost (above).
+    prefetch_steps = 1 if num_stages > 1 else 0
+    return GemvConfig(block_n, block_k, num_warps=num_warps, num_stages=num_stages, prefetch_steps=prefetch_steps)
 
 
 def prefetch_lines(config: GemvConfig, k: int, element_size: int, pdl: bool) -> int:
