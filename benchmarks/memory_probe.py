@@ -1,51 +1,99 @@
 """Transient GPU memory of the forward pass and the sampler at the shapes the KV sizing profiles.
 
-Qwen3-0.6B-shaped dummy weights (bf16) on the torch attention backend: one 7,937-token prompt,
-256 x 32 tokens, one long prompt next to 255 one-token requests, the [256, vocab] sampler with
-top-k, top-p, penalties and logprobs, and a 2,048-token chunk after 6,000 cached tokens.
+Dummy weights of ``--model`` (default Qwen3-0.6B's config, bf16) on ``--attention`` (default torch,
+whose prefill once took 9.2 GiB of attention scores at 8k tokens): one 7,937-token prompt, 256 x 32
+tokens, one long prompt next to 255 one-token requests, the [256, vocab] sampler with top-k, top-p,
+penalties and logprobs, and a 2,048-token chunk after 6,000 cached tokens. Each line is the peak
+allocated above what was allocated before the call. On a CPU the same steps run (a check that the
+script works) and no peak is printed.
 
-    python3 -m benchmarks.memory_probe        (on a CUDA machine)
+    python -m benchmarks.memory_probe [--model benchmarks/configs/Qwen3-0.6B] [--attention torch]
 """
-import json, tempfile, pathlib, torch
-import tests.test_gpu as t  # the published Qwen3-0.6B shape
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+import torch
+
 from infer_core import LLM, SamplingParams
 from infer_core.interfaces import NewRequestData, SchedulerOutput
+from infer_core.layers.sampler import sample
 from infer_core.runner.inputs import build_step_inputs
 from infer_core.runner.sampling_inputs import build_sampling_batch
-from infer_core.layers.sampler import sample
-d = pathlib.Path(tempfile.mkdtemp()); (d / "config.json").write_text(json.dumps(t.QWEN3_0_6B))
-llm = LLM(str(d), load_format="dummy", max_model_len=8192, kv_cache_gb=4)
-r = llm.engine.executor.worker.runner
+
 GiB = 2**30
-def peak(label, fn):
-    torch.cuda.synchronize(); torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
+HEAVY = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, repetition_penalty=1.1, logprobs=20)
+
+
+def peak(label: str, fn: Callable):
+    """``fn()``, printing the transient memory it took on CUDA."""
+    if not torch.cuda.is_available():
+        out = fn()
+        print(f"{label:<48} ran (no CUDA: no peak)")
+        return out
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    out = fn(); torch.cuda.synchronize()
-    print(f"{label:<40} transient peak {(torch.cuda.max_memory_allocated() - base) / GiB:6.2f} GiB")
+    out = fn()
+    torch.cuda.synchronize()
+    print(f"{label:<48} transient peak {(torch.cuda.max_memory_allocated() - base) / GiB:6.2f} GiB")
     return out
-params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, repetition_penalty=1.1, logprobs=20)
-def step(lens, p):
-    so = SchedulerOutput(); nb = 0
-    for i, n in enumerate(lens):
-        k = -(-n // 16); so.new_requests.append(NewRequestData(f"p{i}", [1] * n, n, p, list(range(nb, nb + k)), 0)); nb += k
-        so.num_scheduled_tokens[f"p{i}"] = n
-    return so
-with torch.inference_mode():
-    for lens in ([7937], [32] * 256, [7937] + [1] * 255):
-        so = step(lens, SamplingParams(temperature=0))
-        r.requests.clear()
-        from infer_core.runner.state import apply_scheduler_output
-        apply_scheduler_output(r.requests, so)
-        inp = build_step_inputs(so, r.requests, 16, r.device)
-        hidden = peak(f"forward {len(lens)} reqs {sum(lens)} tok", lambda: r.model(inp.input_ids, inp.positions, r.kv_caches, inp.metadata))
-        logits = peak("lm head", lambda: r.model.compute_logits(hidden[inp.logits_indices]))
-    states = [r.requests[rid] for rid in inp.request_ids]
-    for st in states: st.sampling_params = params
-    batch = peak("sampling batch build", lambda: build_sampling_batch(states, 151936, (), r.device, r.generator))
-    peak("sample heavy [256, V]", lambda: sample(logits, batch))
-    # a chunk of 2048 queries after 6000 cached tokens (masked path)
-    so = step([8048], SamplingParams(temperature=0)); r.requests.clear(); apply_scheduler_output(r.requests, so)
-    r.requests["p0"].num_computed_tokens = 6000
-    so.num_scheduled_tokens["p0"] = 2048
-    inp = build_step_inputs(so, r.requests, 16, r.device)
-    peak("forward chunk 2048 after 6000 cached", lambda: r.model(inp.input_ids, inp.positions, r.kv_caches, inp.metadata))
+
+
+def prompts_step(lengths: list[int], num_computed: int = 0, block_size: int = 16) -> SchedulerOutput:
+    """New requests of ``lengths`` tokens on blocks 0, 1, ...; each computes what follows ``num_computed``."""
+    output = SchedulerOutput()
+    next_block = 0
+    for i, n in enumerate(lengths):
+        num_blocks = -(-n // block_size)
+        blocks = list(range(next_block, next_block + num_blocks))
+        next_block += num_blocks
+        output.new_requests.append(NewRequestData(f"p{i}", [1] * n, n, SamplingParams(temperature=0), blocks,
+                                                  num_computed))
+        output.num_scheduled_tokens[f"p{i}"] = n - num_computed
+    return output
+
+
+def forward(runner, output: SchedulerOutput, label: str):
+    """The step's forward and LM head (the sampled rows), each under ``peak``; (inputs, logits)."""
+    runner.requests.clear()
+    runner.requests.apply(output)
+    inputs = build_step_inputs(output, runner.requests, runner.config.block_size, runner.device)
+    metadata = runner.attention.build_metadata(inputs.metadata)
+    hidden = peak(f"forward {label}", lambda: runner.model(inputs.input_ids, inputs.positions, runner.kv_caches,
+                                                          metadata))
+    logits = peak("  lm head", lambda: runner.model.compute_logits(hidden.index_select(0, inputs.logits_indices)))
+    return inputs, logits
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="benchmarks/configs/Qwen3-0.6B", help="a folder with config.json")
+    parser.add_argument("--attention", default="torch")
+    parser.add_argument("--kv-cache-gb", type=float, default=4.0)
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every length (a quick CPU check: 0.01)")
+    args = parser.parse_args()
+    n = lambda tokens: max(1, int(tokens * args.scale))  # noqa: E731
+    llm = LLM(args.model, load_format="dummy", attention=args.attention, max_model_len=8192,
+              kv_cache_gb=args.kv_cache_gb, enforce_eager=True)
+    runner = llm.engine.executor.worker.runner
+    vocab_size = llm.engine.config.model.vocab_size
+    with torch.inference_mode():
+        for lengths in ([n(7937)], [n(32)] * 256, [n(7937)] + [1] * 255):
+            inputs, logits = forward(runner, prompts_step(lengths), f"{len(lengths)} requests, {sum(lengths)} tokens")
+        states = [runner.requests[rid] for rid in inputs.request_ids]
+        for state in states:
+            state.sampling_params = HEAVY
+        batch = peak("sampling batch [256 rows]", lambda: build_sampling_batch(states, vocab_size, (), runner.device,
+                                                                               runner.generator))
+        peak("sample with top-k, top-p, penalties, logprobs", lambda: sample(logits, batch))
+        # 2,048 queries after 6,000 cached tokens: the prefill path that reads a cached prefix
+        forward(runner, prompts_step([n(8048)], num_computed=n(8048) - n(2048)), "a 2,048-token chunk after 6,000")
+    llm.shutdown()
+
+
+if __name__ == "__main__":
+    main()
