@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
 from infer_core import LLM, SamplingParams
-from infer_core.interfaces import NewRequestData, SchedulerOutput
+from infer_core.interfaces import SchedulerOutput
 from infer_core.layers.sampler import sample
 from infer_core.runner.inputs import build_step_inputs
 from infer_core.runner.sampling_inputs import build_sampling_batch
@@ -43,17 +44,12 @@ def peak(label: str, fn: Callable):
     return out
 
 
-def prompts_step(lengths: list[int], num_computed: int = 0, block_size: int = 16) -> SchedulerOutput:
-    """New requests of ``lengths`` tokens on blocks 0, 1, ...; each computes what follows ``num_computed``."""
-    output = SchedulerOutput()
-    next_block = 0
-    for i, n in enumerate(lengths):
-        num_blocks = -(-n // block_size)
-        blocks = list(range(next_block, next_block + num_blocks))
-        next_block += num_blocks
-        output.new_requests.append(NewRequestData(f"p{i}", [1] * n, n, SamplingParams(temperature=0), blocks,
-                                                  num_computed))
-        output.num_scheduled_tokens[f"p{i}"] = n - num_computed
+def prompts_step(runner, lengths: list[int], num_computed: int = 0) -> SchedulerOutput:
+    """New requests of ``lengths`` tokens (the runner's own dummy step); each computes what follows ``num_computed``."""
+    output, _ = runner._dummy_output(lengths, SamplingParams(temperature=0))
+    for i, new in enumerate(output.new_requests):
+        output.new_requests[i] = replace(new, num_computed_tokens=num_computed)
+        output.num_scheduled_tokens[new.request_id] = len(new.token_ids) - num_computed
     return output
 
 
@@ -83,7 +79,8 @@ def main() -> None:
     vocab_size = llm.engine.config.model.vocab_size
     with torch.inference_mode():
         for lengths in ([n(7937)], [n(32)] * 256, [n(7937)] + [1] * 255):
-            inputs, logits = forward(runner, prompts_step(lengths), f"{len(lengths)} requests, {sum(lengths)} tokens")
+            label = f"{len(lengths)} requests, {sum(lengths)} tokens"
+            inputs, logits = forward(runner, prompts_step(runner, lengths), label)
         states = [runner.requests[rid] for rid in inputs.request_ids]
         for state in states:
             state.sampling_params = HEAVY
@@ -91,7 +88,8 @@ def main() -> None:
                                                                                runner.generator))
         peak("sample with top-k, top-p, penalties, logprobs", lambda: sample(logits, batch))
         # 2,048 queries after 6,000 cached tokens: the prefill path that reads a cached prefix
-        forward(runner, prompts_step([n(8048)], num_computed=n(8048) - n(2048)), "a 2,048-token chunk after 6,000")
+        chunk = prompts_step(runner, [n(8048)], num_computed=n(8048) - n(2048))
+        forward(runner, chunk, "a 2,048-token chunk after 6,000")
     llm.shutdown()
 
 

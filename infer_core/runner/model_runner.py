@@ -315,6 +315,9 @@ class ModelRunner:
                     and takes_argmax(batch, logits):  # the decode graph's argmax, replayed: no launch from here
                 greedy_ids = self.graphs.replay_argmax(graph_size)
             if greedy_ids is not None:
+                # A view of the argmax graph's output, which shares the graphs' memory pool: it holds until
+                # another graph replays. The next step reads it before replaying (the pending placement);
+                # only penalties read last_sampled after, and a row with penalties keeps this path off.
                 result = SamplerOutput(token_ids=greedy_ids[: len(inputs.request_ids)])
             else:
                 result = sample(logits, batch)
