@@ -58,7 +58,9 @@ def prefill_capture_sizes(max_tokens: int) -> list[int]:
 @dataclass(slots=True)
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    logits: torch.Tensor | None  # [size, vocab] written by each replay; None on ranks that do not sample
+    # what each replay writes: logits [size, vocab] (decode and prefill graphs; None on ranks that do not
+    # sample), or token ids [size] (argmax graphs)
+    logits: torch.Tensor | None
     metadata: Any  # the backend's metadata for this size: kept alive, since the graph reads its tensors
 
 

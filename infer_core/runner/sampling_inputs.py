@@ -83,9 +83,9 @@ def build_sampling_batch(
 
     ``token_table``: the runner's [num_rows, max_tokens] host array of token ids, indexed by
     ``RequestState.row``; given, the penalties read histories from it instead of the lists.
-    ``pending``: called only when a row has penalties: (rows, their pending token ids on the device) or
-    None, the last output token of rows whose
-    previous step has not reported back yet (overlapped scheduling).
+    ``pending``: called only when a row has penalties; gives (rows, their pending token ids on the
+    device), the last output token of rows whose previous step has not reported back yet (overlapped
+    scheduling), or None.
     """
     params = [s.sampling_params for s in states]
     # Requests usually share a few SamplingParams objects (LLM.generate: one for all), so each
