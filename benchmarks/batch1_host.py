@@ -28,19 +28,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import commit, write_result
+from benchmarks.graph_kernels import replay_us
 from benchmarks.host_overhead import _Clock, _clocks
-
-
-def _graph_us(runner, replays: int) -> float:
-    """Batch-1 decode graph replays back to back: the GPU time of one forward."""
-    for _ in range(10):
-        runner.graphs.replay(1)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(replays):
-        runner.graphs.replay(1)
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / replays * 1e6
 
 
 def _part_clocks(engine) -> dict[str, _Clock]:
@@ -99,7 +88,7 @@ def main() -> None:
     runner = engine.executor.worker.runner
     vocab = engine.config.model.vocab_size
     prompt = [(7 * i + 3) % vocab for i in range(128)]
-    graph_us = _graph_us(runner, 1000) if runner.graphs is not None else float("nan")
+    graph_us = replay_us(runner.graphs, 1, 1000) if runner.graphs is not None else float("nan")
     clocks = _part_clocks(engine)
     rows = []
     for repeat in range(args.repeats):
