@@ -22,8 +22,10 @@ so each has the GPUs to itself):
 - which all-reduce ran (``all_reduce`` in each TP>1 row): the path the ranks chose at start (the
   one-shot kernel over symmetric memory for small messages, NCCL above; or NCCL and why) and the
   all-reduces rank 0 issued down each (a call captured in a CUDA graph counts once, not per
-  replay). ``--nccl-all-reduce`` turns the one-shot path off (``enable_symm_mem_all_reduce=False``)
-  to measure NCCL alone.
+  replay), and the row-parallel outputs pushed as partial sums instead (``num_pushed``: batch-1 and -2
+  decode, ``layers/fused/pushed_sums.py``). ``--nccl-all-reduce`` turns symmetric memory off
+  (``enable_symm_mem_all_reduce=False``) to measure NCCL alone; ``--no-push`` keeps the one-shot
+  all-reduce at decode sizes too.
 
     python -m benchmarks.tp [--out DIR] [--num-prompts 256] [--repeats 3] [--fp32-reference] [--profile-steps 8]
     python -m benchmarks.tp --tiny --out /tmp/tp-dry-run   # a small model on the CPU: checks the script
@@ -188,6 +190,7 @@ def run_one(args: argparse.Namespace) -> None:
         "seed": 0,
     }
     settings["enable_symm_mem_all_reduce"] = not args.nccl_all_reduce  # the setting is off by default
+    settings["enable_pushed_partial_sums"] = not args.no_push
     if args.attention:
         settings["attention"] = args.attention
     if args.tiny:
@@ -303,6 +306,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="every all-reduce through NCCL (enable_symm_mem_all_reduce=False): the one-shot path's baseline",
     )
+    parser.add_argument(
+        "--no-push",
+        action="store_true",
+        help="with symmetric memory, the one-shot all-reduce at decode sizes too (enable_pushed_partial_sums=False)",
+    )
     parser.add_argument("--attention", default=None, help="attention backend of both sizes (default: the engine picks)")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--dtype", default="bfloat16", help=argparse.SUPPRESS)
@@ -359,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         "logits_rtol": LOGITS_RTOL,
         "fp32_reference": args.fp32_reference,
         "symm_mem_all_reduce": not args.nccl_all_reduce,
+        "pushed_partial_sums": not (args.nccl_all_reduce or args.no_push),
         "attention": args.attention or "engine default",
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],

@@ -155,3 +155,27 @@ def install_plugin_package(root: str | Path, distribution: str, entry_point: str
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n")
     (dist / "entry_points.txt").write_text(f"[infer_core.plugins]\n{entry_point} = {package}.plugin\n")
     return root
+
+
+def local_push_targets(world_size: int, max_rows: int, n: int, dtype, device) -> list:
+    """``PushTarget``s of ``world_size`` ranks simulated in one process (each rank's memory a tensor here).
+
+    For tests of the pushed partial sums (``layers/fused/pushed_sums.py``) on one device or in the
+    interpreter: run every rank's pushing GEMV before any rank's reader, since the ranks are not concurrent.
+    """
+    import torch
+
+    from infer_core.interfaces import PushTarget
+
+    partials = [torch.zeros((world_size, max_rows, n), dtype=dtype, device=device) for _ in range(world_size)]
+    flags = [torch.zeros(world_size, dtype=torch.int32, device=device) for _ in range(world_size)]
+    targets = []
+    for rank in range(world_size):
+        targets.append(PushTarget(
+            rank=rank, world_size=world_size,
+            dest_ptrs=torch.tensor([p[rank].data_ptr() for p in partials], dtype=torch.int64, device=device),
+            flag_ptrs=torch.tensor([f[rank:].data_ptr() for f in flags], dtype=torch.int64, device=device),
+            counter=torch.zeros(1, dtype=torch.int32, device=device), partials=partials[rank], flags=flags[rank],
+            abort=torch.zeros(1, dtype=torch.int32, device=device),
+        ))
+    return targets

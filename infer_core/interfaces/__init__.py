@@ -9,6 +9,7 @@ from infer_core.interfaces.parallel import (
     Executor,
     ParallelContext,
     ParallelStrategy,
+    PushTarget,
     SingleRankCommunicator,
 )
 from infer_core.interfaces.quant import LinearMethod, Quantizer
@@ -44,6 +45,7 @@ __all__ = [
     "ParallelStrategy",
     "PendingOutput",
     "PrefixHit",
+    "PushTarget",
     "Quantizer",
     "ReadyOutput",
     "Request",

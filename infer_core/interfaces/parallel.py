@@ -14,6 +14,27 @@ if TYPE_CHECKING:
     from infer_core.interfaces.scheduling import PendingOutput, RunnerOutput, SchedulerOutput
 
 
+@dataclass(frozen=True, slots=True)
+class PushTarget:
+    """One all-reduce site (a row-parallel layer) whose partial sums are pushed, not all-reduced.
+
+    The layer's GEMV stores its ``[rows, n]`` partial sums into this rank's slot of the site on
+    every rank (peer memory) and then raises its flag there; the kernel that reads the sum (the
+    next norm + GEMV, or ``layers.partial_sums``'s sum) waits for every rank's flag and adds the
+    slots itself. No all-reduce launch, and the reading kernel's weights stream in meanwhile.
+    All tensors are on this rank's device; the ``*_ptrs`` hold addresses other ranks mapped.
+    """
+
+    rank: int
+    world_size: int
+    dest_ptrs: torch.Tensor  # int64 [world]: this rank's slot of the site, on every rank
+    flag_ptrs: torch.Tensor  # int64 [world]: this rank's flag of the site, on every rank
+    counter: torch.Tensor  # int32 [1]: programs of this rank's GEMV that pushed, this round (0 between)
+    partials: torch.Tensor  # [world, max_rows, n] in the dtype: every rank's slot of the site, here
+    flags: torch.Tensor  # int32 [world]: the round each rank last pushed into this site, here
+    abort: torch.Tensor  # int32 [1]: nonzero once a peer died, which lets every wait through
+
+
 class Communicator(ABC):
     """Collectives among the ranks of one model replica."""
 
@@ -34,6 +55,11 @@ class Communicator(ABC):
 
     def all_to_all(self, x: torch.Tensor, output_split_sizes: list[int], input_split_sizes: list[int]) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} has no all_to_all")
+
+    def push_target(self, site: str, num_rows: int, n: int, dtype: torch.dtype) -> PushTarget | None:
+        """Where the row-parallel layer ``site`` may push ``[num_rows, n]`` partial sums instead of an
+        all-reduce (None: all-reduce them). The same answer on every rank for the same arguments."""
+        return None
 
 
 class SingleRankCommunicator(Communicator):

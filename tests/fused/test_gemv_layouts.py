@@ -48,7 +48,8 @@ def compile_for_sm90(fn, args: dict, constexprs: dict, num_warps: int, num_stage
         if name in constexprs:
             signature[name] = "constexpr"
         elif isinstance(args[name], torch.Tensor):
-            signature[name] = {torch.bfloat16: "*bf16", torch.float32: "*fp32"}[args[name].dtype]
+            signature[name] = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32",
+                               torch.int64: "*i64"}[args[name].dtype]
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif isinstance(args[name], float):
             signature[name] = "fp32"
@@ -120,23 +121,27 @@ def h100_prefetch(cfg, k: int) -> int:
     return prefetch_lines(cfg, k, 2, True)
 
 
-def gemv_asm(n: int, k: int, num_rows: int, cfg, prefetch: int) -> dict:
+def gemv_asm(n: int, k: int, num_rows: int, cfg, prefetch: int, *, push_ranks: int = 0, bias: bool = True) -> dict:
+    """The GEMV's code; ``push_ranks``: pushing its sums to that many ranks (``fused/pushed_sums.py``)."""
     from infer_core.layers.fused.gemv import _gemv_kernel
 
     t = torch.empty(1, dtype=torch.bfloat16)
+    ptrs, counter = torch.empty(1, dtype=torch.int64), torch.empty(1, dtype=torch.int32)
     args = dict(x_ptr=t, w_ptr=t, bias_ptr=t, y_ptr=t, num_rows=num_rows, N=n, K=k, stride_xm=k, stride_wn=k,
-                stride_ym=n)
+                stride_ym=n, push_dest_ptrs=ptrs, push_flag_ptrs=ptrs, push_counter_ptr=counter)
     return compile_for_sm90(_gemv_kernel, args, dict(
         BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        EVEN_K=k % cfg.block_k == 0, HAS_BIAS=True, NUM_STAGES=cfg.num_stages, SINGLE_STEP=cfg.block_k >= k,
-        PREFETCH_LINES=prefetch, USE_PDL=True), cfg.num_warps, cfg.num_stages)
+        EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias, NUM_STAGES=cfg.num_stages, SINGLE_STEP=cfg.block_k >= k,
+        PREFETCH_LINES=prefetch, USE_PDL=True, PUSH_RANK=0, PUSH_RANKS=push_ranks), cfg.num_warps, cfg.num_stages)
 
 
 def gemv_layouts(n: int, k: int, num_rows: int, cfg) -> list[str]:
     return reduce_layouts(gemv_asm(n, k, num_rows, cfg, h100_prefetch(cfg, k))["ttgir"])
 
 
-def fused_asm(n: int, k: int, num_rows: int, cfg, prefetch: int, *, norm: bool, silu: bool) -> dict:
+def fused_asm(n: int, k: int, num_rows: int, cfg, prefetch: int, *, norm: bool, silu: bool,
+              partial_ranks: int = 0) -> dict:
+    """The fused kernel's code; ``partial_ranks``: x the sum of that many ranks' pushed partial sums."""
     from infer_core.layers.fused.norm_gemv import _norm_gemv_kernel
     from infer_core.layers.fused.rms_norm import MAX_SINGLE_PASS
     from infer_core.layers.fused.rms_norm import _tiles as norm_tiles
@@ -144,17 +149,41 @@ def fused_asm(n: int, k: int, num_rows: int, cfg, prefetch: int, *, norm: bool, 
     t = torch.empty(1, dtype=torch.bfloat16)
     n_out = n // 2 if silu else n
     bm, bn, _, _ = norm_tiles(k, MAX_SINGLE_PASS)
+    flags = torch.empty(1, dtype=torch.int32)
     args = dict(x_ptr=t, res_ptr=t, norm_w_ptr=t, w_ptr=t, bias_ptr=t, y_ptr=t, res_out_ptr=t, num_rows=num_rows,
-                N=n_out, K=k, stride_xm=k, stride_rm=k, stride_wn=k, stride_ym=n_out, eps=1e-6)
+                N=n_out, K=k, stride_xm=k, stride_rm=k, stride_wn=k, stride_ym=n_out, eps=1e-6,
+                partial_stride=8 * k, flags_ptr=flags, abort_ptr=flags)
     return compile_for_sm90(_norm_gemv_kernel, args, dict(
         BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=True, NUM_STAGES=cfg.num_stages, SINGLE_STEP=cfg.block_k >= k,
         HAS_NORM=norm, HAS_RESIDUAL=norm, NORM_BLOCK_M=bm, NORM_BLOCK_N=bn, SILU=silu, PREFETCH_LINES=prefetch,
-        USE_PDL=True), cfg.num_warps, cfg.num_stages)
+        USE_PDL=True, PARTIAL_RANK=0, PARTIAL_RANKS=partial_ranks), cfg.num_warps, cfg.num_stages)
 
 
-def fused_layouts(n: int, k: int, num_rows: int, cfg, *, norm: bool, silu: bool) -> list[str]:
-    return reduce_layouts(fused_asm(n, k, num_rows, cfg, h100_prefetch(cfg, k), norm=norm, silu=silu)["ttgir"])
+def fused_layouts(n: int, k: int, num_rows: int, cfg, *, norm: bool, silu: bool, partial_ranks: int = 0) -> list[str]:
+    return reduce_layouts(fused_asm(n, k, num_rows, cfg, h100_prefetch(cfg, k), norm=norm, silu=silu,
+                                    partial_ranks=partial_ranks)["ttgir"])
+
+
+def push_cases() -> list[dict]:
+    """Qwen3-8B at two ranks: the row-parallel GEMVs plain and pushing, the norm + GEMVs on a tensor and on
+    two ranks' pushed partial sums (``fused/pushed_sums.py``)."""
+    from infer_core.layers.fused.gemv import choose_config, config_after_rms_norm
+
+    hidden, heads_dim, inter = 4096, 4096, 12288
+    cases = []
+    for num_rows in (1, 2):
+        for name, n, k in (("o_proj", hidden, heads_dim // 2), ("down_proj", hidden, inter // 2)):
+            cfg = choose_config(n, k, 2, SMS)
+            plain, pushed = (float_ops(gemv_asm(n, k, num_rows, cfg, h100_prefetch(cfg, k), push_ranks=ranks,
+                                                bias=False)["ptx"]) for ranks in (0, 2))
+            cases.append(dict(case=f"{name} rows={num_rows}", plain=plain, pushed=pushed))
+        for name, n, silu in (("qkv", (4096 + 2 * 1024) // 2, False), ("gate_up+silu", inter, True)):
+            cfg = config_after_rms_norm(n, hidden, 2, SMS)
+            on_tensor, on_partials = (fused_layouts(n, hidden, num_rows, cfg, norm=True, silu=silu, partial_ranks=r)
+                                      for r in (0, 2))
+            cases.append(dict(case=f"norm+{name} rows={num_rows}", on_tensor=on_tensor, on_partials=on_partials))
+    return cases
 
 
 def prefetch_cases() -> list[dict]:
@@ -211,7 +240,7 @@ def collect() -> dict:
     four_warps = GemvConfig(block_n=8, block_k=1024, num_warps=4, num_stages=1)
     four_warp_squares = tiles_of(fused_layouts(n_qkv, k, 1, four_warps, norm=True, silu=False), norm_bm, norm_bn)
     return dict(cases=cases, norm_warps=norm_warps, sum_of_squares=rms_norm_layouts(k, 1)[0],
-                four_warp_squares=four_warp_squares, prefetch=prefetch_cases())
+                four_warp_squares=four_warp_squares, prefetch=prefetch_cases(), push=push_cases())
 
 
 @pytest.fixture(scope="module")
@@ -253,6 +282,16 @@ def test_l2_prefetch_stands_before_the_wait_and_changes_no_float_instruction(lay
             assert found["prefetch_lines"] * 64 >= want_k, (case["case"], steps)
             assert found["num_prefetches"] >= 1 and found["all_before_wait"], (case["case"], steps)
             assert found["float_ops"] == without["float_ops"], (case["case"], steps)
+
+
+def test_pushing_changes_no_float_instruction_nor_sum_layout(layouts):
+    """Partial sums pushed to every rank are the plain GEMV's bits (so the pushed path all-reduces what NCCL
+    would), and the norm + GEMV on pushed partial sums sums its squares and columns in the plain layouts."""
+    for case in layouts["push"]:
+        if "plain" in case:
+            assert case["plain"] and case["pushed"] == case["plain"], case["case"]
+        else:
+            assert case["on_tensor"] and case["on_partials"] == case["on_tensor"], case["case"]
 
 
 if __name__ == "__main__":

@@ -35,8 +35,10 @@ import torch
 import triton
 import triton.language as tl
 
+from infer_core.interfaces import PushTarget
 from infer_core.layers.fused import use_pdl
 from infer_core.layers.fused.pdl import pdl_enter
+from infer_core.layers.fused.pushed_sums import push_tile, signal_pushed
 from infer_core.layers.fused.rms_norm import MAX_SINGLE_PASS
 from infer_core.layers.fused.rms_norm import _tiles as norm_tiles
 
@@ -119,6 +121,9 @@ def _gemv_kernel(
     stride_xm,
     stride_wn,
     stride_ym,
+    push_dest_ptrs,
+    push_flag_ptrs,
+    push_counter_ptr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -128,7 +133,11 @@ def _gemv_kernel(
     SINGLE_STEP: tl.constexpr,
     PREFETCH_LINES: tl.constexpr,
     USE_PDL: tl.constexpr,
+    PUSH_RANK: tl.constexpr,
+    PUSH_RANKS: tl.constexpr,
 ):
+    """``y = x @ W^T (+ bias)``; with ``PUSH_RANKS`` > 0, y (then the local slot, ``stride_ym`` = N) is pushed
+    to every rank's slot instead (``fused/pushed_sums.py``)."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     # the last program's columns past N re-read row N-1 (in bounds, no mask on W) and are not stored
     w_rows = tl.minimum(cols, N - 1).to(tl.int64) * stride_wn
@@ -158,8 +167,12 @@ def _gemv_kernel(
         w_ptrs += BLOCK_K
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + cols[None, :]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m[:, None] < num_rows) & (cols[None, :] < N))
+    if PUSH_RANKS > 0:
+        push_tile(acc, offs_m, cols, num_rows, N, push_dest_ptrs, y_ptr, PUSH_RANKS)
+        signal_pushed(push_counter_ptr, push_flag_ptrs, PUSH_RANK, PUSH_RANKS)
+    else:
+        y_ptrs = y_ptr + offs_m[:, None] * stride_ym + cols[None, :]
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m[:, None] < num_rows) & (cols[None, :] < N))
 
 
 @functools.lru_cache(maxsize=4096)  # called per linear layer per eager step: keep it a dict lookup
@@ -257,12 +270,8 @@ def num_sms(device: torch.device) -> int:
     return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-         config: GemvConfig | None = None, after_rms_norm: bool = False) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for at most ``MAX_ROWS`` rows of x; a new tensor ``[..., N]``.
-
-    ``after_rms_norm``: x is an RMSNorm's output, and the tiles are :func:`config_after_rms_norm`'s.
-    """
+def _checked_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x as ``[rows, K]`` with contiguous K, after checking that x, W and bias fit the kernel."""
     k = x.shape[-1]
     if weight.dim() != 2 or weight.shape[1] != k:
         raise ValueError(f"weight {tuple(weight.shape)} does not fit x {tuple(x.shape)}: it must be [N, {k}]")
@@ -278,7 +287,35 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         raise ValueError(f"gemv takes at most {MAX_ROWS} rows, got {rows.shape[0]}: use F.linear")
     if rows.stride(1) != 1 and k > 1:
         rows = rows.contiguous()
-    num_rows = rows.shape[0]
+    return rows
+
+
+def _launch(rows, weight, bias, out, cfg: GemvConfig, push: PushTarget | None) -> None:
+    num_rows, k = rows.shape
+    n = weight.shape[0]
+    pdl = use_pdl(rows)
+    no_push = weight  # any tensor: the push arguments are not read without PUSH_RANKS
+    _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
+        rows, weight, bias if bias is not None else weight, out, num_rows, n, k, rows.stride(0), weight.stride(0), n,
+        push.dest_ptrs if push else no_push, push.flag_ptrs if push else no_push, push.counter if push else no_push,
+        BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None,
+        NUM_STAGES=cfg.num_stages, SINGLE_STEP=cfg.block_k >= k,
+        PREFETCH_LINES=prefetch_lines(cfg, k, rows.element_size(), pdl), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, USE_PDL=pdl, launch_pdl=pdl,
+        PUSH_RANK=push.rank if push else 0, PUSH_RANKS=push.world_size if push else 0,
+    )
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+         config: GemvConfig | None = None, after_rms_norm: bool = False) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for at most ``MAX_ROWS`` rows of x; a new tensor ``[..., N]``.
+
+    ``after_rms_norm``: x is an RMSNorm's output, and the tiles are :func:`config_after_rms_norm`'s.
+    """
+    rows = _checked_rows(x, weight, bias)
+    num_rows, k = rows.shape
+    n = weight.shape[0]
     out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
     if num_rows == 0 or n == 0:
         return out
@@ -286,13 +323,24 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         return out.zero_() if bias is None else out.copy_(bias.expand_as(out))
     choose = config_after_rms_norm if after_rms_norm else choose_config
     cfg = config or choose(n, k, x.element_size(), num_sms(x.device))
-    pdl = use_pdl(x)
-    _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
-        rows, weight, bias if bias is not None else weight, out, num_rows, n, k, rows.stride(0), weight.stride(0), n,
-        BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None,
-        NUM_STAGES=cfg.num_stages, SINGLE_STEP=cfg.block_k >= k,
-        PREFETCH_LINES=prefetch_lines(cfg, k, x.element_size(), pdl), num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, USE_PDL=pdl, launch_pdl=pdl,
-    )
+    _launch(rows, weight, bias, out, cfg, None)
     return out
+
+
+def gemv_push(x: torch.Tensor, weight: torch.Tensor, target: PushTarget, *, config: GemvConfig | None = None) -> None:
+    """``x @ W^T`` (this rank's partial sums of a row-parallel layer) pushed into ``target``'s slots on every rank.
+
+    Nothing is returned: the sum is read from ``target`` (``layers/partial_sums.py``). Tiles as :func:`gemv`'s,
+    so the partial sums are the bits the plain GEMV would all-reduce.
+    """
+    rows = _checked_rows(x, weight, None)
+    num_rows, k = rows.shape
+    n = weight.shape[0]
+    world, max_rows, slot_n = target.partials.shape
+    if (world, target.partials.dtype) != (target.world_size, x.dtype) or slot_n != n or not 0 < num_rows <= max_rows:
+        raise ValueError(f"push target {tuple(target.partials.shape)} {target.partials.dtype} cannot take "
+                         f"{num_rows} rows of {n} {x.dtype} partial sums from {world} ranks")
+    if k == 0:
+        raise ValueError("gemv_push needs K >= 1")
+    cfg = config or choose_config(n, k, x.element_size(), num_sms(x.device))
+    _launch(rows, weight, None, target.partials[target.rank], cfg, target)

@@ -16,6 +16,7 @@ from infer_core.layers import fused
 from infer_core.layers.activation import SiluAndMul
 from infer_core.layers.linear import LinearBase
 from infer_core.layers.norm import RMSNorm
+from infer_core.layers.partial_sums import PartialSums
 
 # What the decoder layers run on CUDA at decode sizes: TRITON fuses the chain where each layer would run
 # Triton anyway (norm, dense GEMV, SiLU-and-mul), TORCH keeps the layers separate. Set per instance by ``impl``.
@@ -51,14 +52,29 @@ class NormLinear:
                 and self.norm.uses_triton(x, residual) and method.uses_gemv(self.linear, x)
                 and (self.act is None or self.act.uses_triton(x)))
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(out, next residual)``; with ``residual`` None (the first layer) x itself is the residual."""
-        if self.fuses(x, residual):
-            from infer_core.layers.fused.norm_gemv import rms_norm_gemv
+    def __call__(self, x: torch.Tensor | PartialSums,
+                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(out, next residual)``; with ``residual`` None (the first layer) x itself is the residual.
 
-            out = rms_norm_gemv(x, self.norm.weight, self.norm.eps, self.linear.weight, self.linear.bias, residual,
-                                silu=self.act is not None)
-            return out if residual is not None else (out, x)
+        x may be the row-parallel layer's pushed ``PartialSums``: the fused launch adds them in its
+        prologue; every other path sums them first.
+        """
+        if isinstance(x, PartialSums):
+            # the sum has the residual's shape, dtype and device, so the residual answers fuses() for it
+            fused = residual is not None and self.fuses(residual, residual)
+            if not fused:
+                x = x.sum()
+        if isinstance(x, torch.Tensor):
+            fused = self.fuses(x, residual)
+        if not fused:
+            return self._unfused(x, residual)
+        from infer_core.layers.fused.norm_gemv import rms_norm_gemv
+
+        out = rms_norm_gemv(x, self.norm.weight, self.norm.eps, self.linear.weight, self.linear.bias, residual,
+                            silu=self.act is not None)
+        return out if residual is not None else (out, x)
+
+    def _unfused(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             normed, residual = self.norm(x), x
         else:

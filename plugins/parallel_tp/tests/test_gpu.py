@@ -114,6 +114,37 @@ def test_tensor_parallel_decode_replays_cuda_graphs_like_eager(tiny_checkpoint, 
     assert_no_workers_left()
 
 
+def _one_request_at_a_time(folder, **settings):
+    """Tokens, per-step logits and rank 0's all-reduce account of prompts generated one at a time (batch-1
+    decode: the row-parallel GEMVs push their partial sums where the group set that up), CUDA graphs on."""
+    llm = LLM(str(folder), device="cuda", dtype="bfloat16", attention="triton", tensor_parallel_size=2,
+              max_model_len=1024, gpu_memory_utilization=0.5, **settings)
+    try:
+        tokens, logits = [], []
+        for prompt in _prompts(384, (5, 40, 97)):
+            with LogitsRecorder(llm.engine) as recorder:
+                (out,) = llm.generate([prompt], GREEDY, use_tqdm=False)
+            tokens.append(out.outputs[0].token_ids)
+            logits.append(torch.stack(recorder.logits[out.request_id]))
+        return tokens, logits, llm.engine.executor.parallel.communicator.describe()
+    finally:
+        llm.shutdown()
+
+
+def test_pushed_partial_sums_give_the_all_reduce_bits(tiny_checkpoint, assert_no_workers_left):
+    """Two ranks' bfloat16 partial sums added by the reading kernel are NCCL's correctly rounded sums: every
+    step's logits are the same bits as with every all-reduce through NCCL (graphs captured both ways)."""
+    folder = tiny_checkpoint("qwen3")
+    ref_tokens, ref_logits, ref_account = _one_request_at_a_time(folder, enable_symm_mem_all_reduce=False)
+    tokens, logits, account = _one_request_at_a_time(folder, enable_symm_mem_all_reduce=True)
+    assert ref_account["num_pushed"] == 0
+    assert account["num_pushed"] > 0 and "push their partial sums" in account["path"], account
+    assert tokens == ref_tokens
+    for got, expected in zip(logits, ref_logits):
+        assert torch.equal(got, expected), float((got.float() - expected.float()).abs().max())
+    assert_no_workers_left()
+
+
 # In a process of its own: a communicator that a live CUDA graph captured cannot be destroyed, so a
 # shutdown that left the group before freeing the graphs would hang here, not the suite.
 SHUTDOWN_WITH_GRAPHS = textwrap.dedent(
@@ -186,16 +217,19 @@ MID_STEP_KILL = textwrap.dedent(
 
     if __name__ == "__main__":
         faulthandler.dump_traceback_later(90, exit=True)  # a hang ends with every thread's stack on stderr
+        path = sys.argv[2]
+        half = {"dtype": "bfloat16"} if path == "pushed" else {}  # the GEMV that pushes runs in half precision
         llm = LLM(sys.argv[1], device="cuda", tensor_parallel_size=2, gpu_memory_utilization=0.5,
-                  enable_symm_mem_all_reduce=sys.argv[2] == "one-shot")
+                  enable_symm_mem_all_reduce=path != "NCCL", enable_pushed_partial_sums=path == "pushed", **half)
         (pid,) = llm.engine.executor.worker_pids
         print("PATH", llm.engine.executor.parallel.communicator.describe()["path"], flush=True)
         killed = []
         # 0.3 s into a generation of 1000 steps (a tiny model steps in ~1 ms): the kill lands mid-run
         threading.Timer(0.3, lambda: (os.kill(pid, signal.SIGKILL), killed.append(time.monotonic()))).start()
         params = SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True)
+        num_prompts = 1 if path == "pushed" else 32  # pushed: batch-1 decode, where the GEMV runs
         try:
-            llm.generate([[3 + i, 4, 5] for i in range(32)], params, use_tqdm=False)
+            llm.generate([[3 + i, 4, 5] for i in range(num_prompts)], params, use_tqdm=False)
             print("NO ERROR", "killed before the end" if killed else "finished before the kill", flush=True)
         except EngineDeadError as e:
             print("DEAD", time.monotonic() - killed[0], repr(e)[:300], flush=True)
@@ -204,9 +238,10 @@ MID_STEP_KILL = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("path", ["NCCL", "one-shot"])
+@pytest.mark.parametrize("path", ["NCCL", "one-shot", "pushed"])
 def test_worker_killed_during_a_step_on_cuda(tiny_checkpoint, tmp_path, path):
-    """With NCCL (the default) and with the one-shot kernel, which NCCL's abort cannot stop.
+    """With NCCL (the default), with the one-shot kernel, which NCCL's abort cannot stop, and with partial sums
+    pushed (rank 0's readers wait for the dead rank's flags until ``abort`` is raised).
 
     The one-shot case failed on two H200s: rank 0 printed neither line within 120 s (tree b170180); on
     tree e9acd88 it printed NO ERROR (its kill, 1 s in, may have come after the end: hence 0.3 s now).
@@ -230,4 +265,5 @@ def test_worker_killed_during_a_step_on_cuda(tiny_checkpoint, tmp_path, path):
     assert lines and lines[0].startswith("DEAD"), stdout[-2000:] + stderr[-3000:]
     assert float(lines[0].split()[1]) < 10, lines[0]
     # the path under test was in use (for one-shot: rank 0's kernels were released after the death)
-    assert f"PATH {path}" in stdout, stdout[-2000:]
+    expected_path = {"pushed": "push their partial sums"}.get(path, f"PATH {path}")
+    assert expected_path in stdout, stdout[-2000:]

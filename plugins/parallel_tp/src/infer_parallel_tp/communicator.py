@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from infer_core.interfaces import Communicator
+from infer_core.interfaces import Communicator, PushTarget
 
 if TYPE_CHECKING:
     from infer_parallel_tp.symm_mem import OneShotAllReduce
@@ -34,6 +34,7 @@ class DistributedCommunicator(Communicator):
         self.all_reduce_path = all_reduce_path or backend
         self.num_one_shot = 0  # calls issued down each path (a captured call counts once, not per replay)
         self.num_fallback = 0
+        self.num_pushed = 0  # row-parallel outputs pushed as partial sums instead (push_target)
         self._noted: set[str] = set()
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
@@ -50,12 +51,21 @@ class DistributedCommunicator(Communicator):
         dist.all_reduce(x)
         return x
 
+    def push_target(self, site: str, num_rows: int, n: int, dtype: torch.dtype) -> PushTarget | None:
+        """A push site where the group set them up (``push_sites``) and the output fits one; else None."""
+        sites = self.one_shot.push_sites if self.one_shot is not None else None
+        target = sites.target(site, num_rows, n, dtype) if sites is not None else None
+        if target is not None:
+            self.num_pushed += 1
+        return target
+
     def describe(self) -> dict[str, Any]:
         """Which all-reduce ran: the path chosen at start, its size limit, and the calls down each path."""
         return {
             "path": self.all_reduce_path,
             "one_shot_max_bytes": self.one_shot.max_bytes if self.one_shot is not None else 0,
             "num_one_shot": self.num_one_shot,
+            "num_pushed": self.num_pushed,
             f"num_{self.backend}": self.num_fallback,
         }
 

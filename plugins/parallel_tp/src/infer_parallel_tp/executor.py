@@ -28,6 +28,7 @@ from infer_parallel_tp.group import (
     backend_for,
     join_group,
     leave_group,
+    push_layout_for,
     release_worker,
     symm_mem_all_reduce_enabled,
     torchrun_placement,
@@ -124,7 +125,8 @@ class TensorParallelExecutor(Executor):
             ]
             self.channel.send(Call(INIT, (engine_config,)))  # every rank joins the group, then builds its Worker
             self.parallel = join_group(
-                placement, self.store, enable_symm_mem=symm_mem_all_reduce_enabled(engine_config.settings)
+                placement, self.store, enable_symm_mem=symm_mem_all_reduce_enabled(engine_config.settings),
+                push_layout=push_layout_for(engine_config, world_size),
             )
             if self.workers is not None:
                 self.workers.watch(self._on_worker_death)

@@ -20,6 +20,7 @@ from infer_parallel_tp.communicator import DistributedCommunicator
 COLLECTIVE_TIMEOUT = timedelta(minutes=5)
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 SYMM_MEM_SETTING = "enable_symm_mem_all_reduce"
+PUSH_SETTING = "enable_pushed_partial_sums"
 
 logger = logging.getLogger(__name__)
 
@@ -63,11 +64,24 @@ def symm_mem_all_reduce_enabled(settings) -> bool:
     return bool(getattr(settings, SYMM_MEM_SETTING, False))
 
 
-def join_group(placement: RankPlacement, store: dist.Store, *, enable_symm_mem: bool) -> ParallelContext:
+def push_layout_for(config, world_size: int):
+    """The push sites for the engine's model (``push_sites.PushLayout``), or None: pushes off, or nothing to push."""
+    settings = config.settings
+    if not (symm_mem_all_reduce_enabled(settings) and getattr(settings, PUSH_SETTING, False)):
+        return None
+    from infer_parallel_tp.push_sites import PushLayout
+
+    model = config.model
+    return PushLayout.for_model(model.num_layers, model.hidden_size, world_size, getattr(torch, config.dtype))
+
+
+def join_group(placement: RankPlacement, store: dist.Store, *, enable_symm_mem: bool,
+               push_layout=None) -> ParallelContext:
     """Initialise the default process group on ``store``; the layers' ParallelContext for this rank.
 
     On CUDA, with ``enable_symm_mem``, every rank then sets up the one-shot all-reduce together
-    (or falls back to NCCL together), and says once which all-reduce the group uses.
+    (or falls back to NCCL together), with the sites of ``push_layout`` (``push_layout_for``) if given,
+    and says once which all-reduce the group uses.
     """
     if dist.is_initialized():
         raise RuntimeError(
@@ -87,7 +101,8 @@ def join_group(placement: RankPlacement, store: dist.Store, *, enable_symm_mem: 
         if enable_symm_mem:
             from infer_parallel_tp.symm_mem import OneShotAllReduce
 
-            one_shot, why = OneShotAllReduce.setup(placement.rank, placement.world_size, placement.local_rank)
+            one_shot, why = OneShotAllReduce.setup(placement.rank, placement.world_size, placement.local_rank,
+                                                   push_layout=push_layout)
             path = f"{why}, NCCL above" if one_shot is not None else f"NCCL (no symmetric memory: {why})"
             if one_shot is not None and placement.rank == 0:
                 logger.warning("%s=True: a worker that dies in the middle of a step can leave this engine waiting "

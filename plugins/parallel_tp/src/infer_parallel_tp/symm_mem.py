@@ -53,6 +53,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from infer_parallel_tp.push_sites import PushLayout, PushSites
+
 logger = logging.getLogger(__name__)
 
 ONE_SHOT_MAX_BYTES = 512 * 1024  # 64 tokens of a 4096-wide bfloat16 hidden state
@@ -162,13 +164,15 @@ def rescue_views(pads: list[torch.Tensor], rank: int, dead: list[int]) -> list[t
 class OneShotAllReduce:
     """Sums a small contiguous tensor over the group's ranks with one kernel over symmetric memory."""
 
-    def __init__(self, buffer: torch.Tensor, handle, group_name: str, rank: int, world_size: int) -> None:
-        self.buffer = buffer  # uint8 [max_bytes], this rank's symmetric buffer
+    def __init__(self, buffer: torch.Tensor, handle, group_name: str, rank: int, world_size: int,
+                 max_bytes: int | None = None) -> None:
+        self.buffer = buffer  # uint8, this rank's symmetric buffer: max_bytes for the one-shot, then push sites
         self.handle = handle  # the rendezvous: peers' pointers and signal pads
         self.group_name = group_name
         self.rank = rank
         self.world_size = world_size
-        self.max_bytes = buffer.numel()
+        self.max_bytes = buffer.numel() if max_bytes is None else max_bytes
+        self.push_sites: PushSites | None = None  # row-parallel layers' pushed partial sums (push_sites.py)
         ops = torch.ops.symm_mem
         self._copy_out = getattr(ops, "one_shot_all_reduce_copy_out", None)
         self._out = ops.one_shot_all_reduce_out
@@ -176,9 +180,12 @@ class OneShotAllReduce:
         self._views: dict[tuple[torch.dtype, torch.Size], torch.Tensor] = {}
 
     @classmethod
-    def setup(cls, rank: int, world_size: int, device: int,
-              max_bytes: int = ONE_SHOT_MAX_BYTES) -> tuple[OneShotAllReduce | None, str]:
-        """Collective over the default (NCCL) group: the all-reduce, or None and why not, the same on every rank."""
+    def setup(cls, rank: int, world_size: int, device: int, max_bytes: int = ONE_SHOT_MAX_BYTES,
+              push_layout: PushLayout | None = None) -> tuple[OneShotAllReduce | None, str]:
+        """Collective over the default (NCCL) group: the all-reduce, or None and why not, the same on every rank.
+
+        With ``push_layout``, the buffer also holds the sites the row-parallel layers push their partial sums to.
+        """
         infos: list[RankInfo | None] = [None] * world_size
         dist.all_gather_object(infos, local_info(device))
         problems = group_problems(infos)
@@ -189,7 +196,7 @@ class OneShotAllReduce:
         for stage in ("rendezvous", "self-test"):
             try:
                 if stage == "rendezvous":
-                    one_shot, outcome = cls._rendezvous(rank, world_size, device, max_bytes), None
+                    one_shot, outcome = cls._rendezvous(rank, world_size, device, max_bytes, push_layout), None
                 else:
                     outcome = one_shot.self_test()
             except Exception as e:  # noqa: BLE001 - reported to every rank, which all fall back together
@@ -199,15 +206,23 @@ class OneShotAllReduce:
             failures = [o for o in outcomes if o is not None]
             if failures:
                 return None, "; ".join(failures)
-        return one_shot, f"one-shot over symmetric memory up to {max_bytes // 1024} KiB (peer loads, no multicast)"
+        path = f"one-shot over symmetric memory up to {max_bytes // 1024} KiB (peer loads, no multicast)"
+        if one_shot.push_sites is not None:
+            one_shot.push_sites.zero_flags_everywhere()
+            layout = one_shot.push_sites.layout
+            path += (f"; row-parallel layers of up to {layout.max_rows} rows push their partial sums "
+                     f"({layout.num_sites} sites)")
+        return one_shot, path
 
     @classmethod
-    def _rendezvous(cls, rank: int, world_size: int, device: int, max_bytes: int) -> OneShotAllReduce:
+    def _rendezvous(cls, rank: int, world_size: int, device: int, max_bytes: int,
+                    push_layout: PushLayout | None) -> OneShotAllReduce:
         global _num_rendezvous
         from torch.distributed._symmetric_memory import _SymmetricMemory
 
         os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"  # read by rendezvous: no NVLS object is made
-        buffer = _SymmetricMemory.empty_strided_p2p((max_bytes,), (1,), torch.uint8, torch.device("cuda", device))
+        total = max_bytes + (push_layout.nbytes if push_layout is not None else 0)
+        buffer = _SymmetricMemory.empty_strided_p2p((total,), (1,), torch.uint8, torch.device("cuda", device))
         group_name = dist.group.WORLD.group_name
         if torch.torch_version.TorchVersion(torch.__version__) < GROUP_REGISTRY_TORCH:
             _register_group(group_name)
@@ -224,7 +239,10 @@ class OneShotAllReduce:
             raise RuntimeError("rendezvous returned no handle (the buffer is not symmetric memory)")
         if getattr(handle, "multicast_ptr", 0):
             raise RuntimeError("rendezvous mapped an NVLink multicast object although it was disabled")
-        return cls(buffer, handle, group_name, rank, world_size)
+        one_shot = cls(buffer, handle, group_name, rank, world_size, max_bytes)
+        if push_layout is not None:
+            one_shot.push_sites = PushSites(handle, rank, push_layout, max_bytes, buffer.device)
+        return one_shot
 
     def self_test(self) -> str | None:
         """One eager all-reduce (before any capture) whose sum every rank knows; the problem, or None."""
@@ -268,6 +286,8 @@ class OneShotAllReduce:
         """
         if self._rescuer is not None or not dead:
             return
+        if self.push_sites is not None:
+            self.push_sites.rescue_after_peer_death()
         self._rescuer = threading.Thread(target=self._rescue, args=(sorted(dead),), name="infer-tp-symm-rescue",
                                          daemon=True)
         self._rescuer.start()

@@ -30,6 +30,7 @@ from infer_parallel_tp.group import (
     backend_for,
     join_group,
     leave_group,
+    push_layout_for,
     release_worker,
     symm_mem_all_reduce_enabled,
 )
@@ -64,7 +65,8 @@ class RankLoop:
         self.placement = replace(self.placement, backend=backend_for(config.device))
         if not self.placement.is_cuda:
             torch.set_num_threads(1)  # the ranks share the host's cores
-        parallel = join_group(self.placement, store, enable_symm_mem=symm_mem_all_reduce_enabled(config.settings))
+        parallel = join_group(self.placement, store, enable_symm_mem=symm_mem_all_reduce_enabled(config.settings),
+                              push_layout=push_layout_for(config, self.placement.world_size))
         self.worker = Worker(config, parallel, self.placement.local_rank if self.placement.is_cuda else None)
 
     def run(self, store: dist.Store) -> int:

@@ -1,0 +1,50 @@
+"""A row-parallel layer's output before its all-reduce: every rank's partial sums, pushed here, not yet added.
+
+``RowParallelLinear(x, defer_reduce=True)`` returns one where the communicator gives the layer a
+``PushTarget`` (tensor parallelism over symmetric memory, decode-sized batches) and a plain tensor
+elsewhere. The next norm + GEMV adds the partial sums in its own prologue
+(``fused/norm_gemv.py``); any other reader calls :func:`reduced`, one small kernel that waits for
+every rank and adds them (``fused/pushed_sums.py``). This module never imports triton.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from infer_core.interfaces import PushTarget
+
+
+@dataclass(frozen=True, slots=True)
+class PartialSums:
+    """``[*shape]`` = sum over ranks of ``target.partials[r, :num_rows]``, once every rank has pushed."""
+
+    target: PushTarget
+    shape: tuple[int, ...]  # of the sum: the layer input's leading dims, then N
+
+    @property
+    def num_rows(self) -> int:
+        return self.shape[0] if len(self.shape) == 2 else int(torch.Size(self.shape[:-1]).numel())
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.target.partials.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.partials.device
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def sum(self) -> torch.Tensor:
+        """The all-reduced tensor, in a new tensor (waits on the device for every rank's push)."""
+        from infer_core.layers.fused.pushed_sums import sum_pushed
+
+        return sum_pushed(self.target, self.num_rows).view(self.shape)
+
+
+def reduced(x: torch.Tensor | PartialSums) -> torch.Tensor:
+    """x itself, or the sum of its partial sums."""
+    return x.sum() if isinstance(x, PartialSums) else x

@@ -1,0 +1,130 @@
+"""Where row-parallel layers push their partial sums: one site per layer in the symmetric buffer.
+
+The core's ``PushTarget`` (``infer_core.interfaces.parallel``) names, for one row-parallel layer, the
+slot its GEMV fills on every rank and the flags it raises there; ``layers/fused/pushed_sums.py``
+has the kernels and the protocol. This module lays the sites out in the symmetric-memory buffer
+after the one-shot all-reduce's bytes, with the peers' addresses taken from the rendezvous:
+
+    flags  int32 [sites, world]                 flag [s, r]: the round rank r last pushed into site s
+    slots  dtype [sites, world, max_rows, n]    slot [s, r]: rank r's partial sums of site s
+
+Every rank assigns sites in the order its layers first ask (the same forward on every rank, so the
+same order), and builds every site's address tables at start, eagerly: a graph capture cannot copy
+them to the device. Flags start at zero on every rank before any rank may push (a barrier).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from infer_core.interfaces import PushTarget
+
+logger = logging.getLogger(__name__)
+
+PUSH_DTYPES = (torch.bfloat16, torch.float16)  # what the decode GEMV runs in
+MAX_ROWS = 8  # the GEMV's most rows (infer_core.layers.fused.gemv.MAX_ROWS; that module imports triton)
+ALIGN = 16
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+@dataclass(frozen=True, slots=True)
+class PushLayout:
+    """How many sites of how many values, for a model: two sites a layer (o_proj, down_proj)."""
+
+    num_sites: int
+    hidden_size: int  # n of every site: the row-parallel layers' output
+    world_size: int
+    dtype: torch.dtype
+    max_rows: int = MAX_ROWS
+
+    @property
+    def flags_bytes(self) -> int:
+        return _aligned(self.num_sites * self.world_size * 4)
+
+    @property
+    def slots_elements(self) -> int:
+        return self.num_sites * self.world_size * self.max_rows * self.hidden_size
+
+    @property
+    def nbytes(self) -> int:
+        return self.flags_bytes + _aligned(self.slots_elements * self.dtype.itemsize)
+
+    @classmethod
+    def for_model(cls, num_layers: int, hidden_size: int, world_size: int, dtype: torch.dtype) -> PushLayout | None:
+        """The layout for a decoder of ``num_layers`` layers; None where the GEMV never runs (float32)."""
+        if dtype not in PUSH_DTYPES or world_size < 2:
+            return None
+        return cls(2 * num_layers, hidden_size, world_size, dtype)
+
+
+class PushSites:
+    """The sites of one rank, built from the rendezvoused buffer's views of every rank's memory."""
+
+    def __init__(self, handle, rank: int, layout: PushLayout, byte_offset: int, device: torch.device) -> None:
+        world, sites = layout.world_size, layout.num_sites
+        if byte_offset % ALIGN:
+            raise ValueError(f"the push region must start {ALIGN}-byte aligned, not at {byte_offset}")
+        self.layout = layout
+        self.rank = rank
+        flag_offset = byte_offset // 4
+        slot_offset = (byte_offset + layout.flags_bytes) // layout.dtype.itemsize
+        slot_shape = (sites, world, layout.max_rows, layout.hidden_size)
+        flags = [handle.get_buffer(r, (sites, world), torch.int32, flag_offset) for r in range(world)]
+        slots = [handle.get_buffer(r, slot_shape, layout.dtype, slot_offset) for r in range(world)]
+        self.flags = flags[rank]  # [sites, world], this rank's memory
+        self.slots = slots[rank]  # [sites, world, max_rows, n]
+        # [site, r]: where this rank's slot / flag of the site lies on rank r
+        dest = [[slots[r][s, rank].data_ptr() for r in range(world)] for s in range(sites)]
+        flag = [[flags[r][s, rank:].data_ptr() for r in range(world)] for s in range(sites)]
+        self.dest_ptrs = torch.tensor(dest, dtype=torch.int64, device=device)
+        self.flag_ptrs = torch.tensor(flag, dtype=torch.int64, device=device)
+        self.counters = torch.zeros(sites, dtype=torch.int32, device=device)
+        self.abort = torch.zeros(1, dtype=torch.int32, device=device)
+        self.flags.zero_()
+        self._targets: list[PushTarget] = [
+            PushTarget(rank, world, self.dest_ptrs[s], self.flag_ptrs[s], self.counters[s:s + 1], self.slots[s],
+                       self.flags[s], self.abort)
+            for s in range(sites)
+        ]
+        self._site_of: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._full_noted = False
+
+    def zero_flags_everywhere(self) -> None:
+        """Collective: once every rank zeroed its flags (here, on the device), any may push."""
+        torch.cuda.current_stream(self.flags.device).synchronize()
+        dist.barrier()
+
+    def target(self, site: str, num_rows: int, n: int, dtype: torch.dtype) -> PushTarget | None:
+        """The site of layer ``site`` (assigned on its first call), or None where it does not fit."""
+        layout = self.layout
+        if dtype != layout.dtype or n != layout.hidden_size or not 0 < num_rows <= layout.max_rows:
+            return None
+        with self._lock:
+            index = self._site_of.get(site)
+            if index is None:
+                if len(self._site_of) == layout.num_sites:
+                    if not self._full_noted:
+                        self._full_noted = True
+                        logger.info("all %d push sites are taken; %s all-reduces instead", layout.num_sites, site)
+                    return None
+                index = self._site_of[site] = len(self._site_of)
+        return self._targets[index]
+
+    def rescue_after_peer_death(self) -> None:
+        """Let every wait for a peer's push through (the results are garbage: the engine is dead).
+
+        A copy engine writes the flag from pinned memory, not a kernel: the waiting kernels may hold every SM.
+        """
+        stream = torch.cuda.Stream(self.abort.device)
+        one = torch.ones(1, dtype=torch.int32).pin_memory()
+        with torch.cuda.stream(stream):
+            self.abort.copy_(one, non_blocking=True)
+        stream.synchronize()

@@ -1,0 +1,87 @@
+"""Push sites laid out in the symmetric buffer, checked on the CPU: sizes, the order sites are assigned,
+and every rank's addresses, with the core's pushing GEMV and sum kernel run on them in Triton's interpreter.
+
+The rendezvous is simulated: each rank's symmetric buffer is a tensor of this process, and ``get_buffer``
+views it as torch's handle views a peer's mapping. ``test_gpu.py`` runs the real thing on two GPUs.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from infer_parallel_tp.push_sites import MAX_ROWS, PushLayout
+
+
+def test_two_sites_a_layer_in_half_precision_only():
+    layout = PushLayout.for_model(36, 4096, 2, torch.bfloat16)  # Qwen3-8B at two ranks
+    assert (layout.num_sites, layout.hidden_size, layout.max_rows) == (72, 4096, MAX_ROWS)
+    assert layout.flags_bytes == 72 * 2 * 4
+    assert layout.nbytes == 72 * 2 * 4 + 72 * 2 * MAX_ROWS * 4096 * 2  # about 9 MiB a rank
+    assert PushLayout.for_model(36, 4096, 2, torch.float32) is None  # the GEMV never runs in float32
+    assert PushLayout.for_model(36, 4096, 1, torch.bfloat16) is None
+
+
+SIMULATED_RANKS = textwrap.dedent(
+    """
+    import os
+    os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+    import torch.distributed as dist
+    from infer_core.layers.fused.gemv import gemv, gemv_push
+    from infer_core.layers.fused.pushed_sums import sum_pushed
+    from infer_parallel_tp.push_sites import PushLayout, PushSites
+
+    WORLD, N, K, OFFSET = 2, 24, 16, 64  # OFFSET: the one-shot all-reduce's bytes before the sites
+
+    class Rendezvous:
+        # torch's handle: get_buffer(rank, sizes, dtype, storage_offset) views rank's buffer
+        def __init__(self, buffers):
+            self.buffers = buffers
+
+        def get_buffer(self, rank, sizes, dtype, storage_offset=0):
+            count = torch.Size(sizes).numel()
+            return self.buffers[rank].view(dtype)[storage_offset:storage_offset + count].view(sizes)
+
+    layout = PushLayout(num_sites=3, hidden_size=N, world_size=WORLD, dtype=torch.bfloat16)
+    buffers = [torch.full((OFFSET + layout.nbytes,), 255, dtype=torch.uint8) for _ in range(WORLD)]
+    sites = [PushSites(Rendezvous(buffers), r, layout, OFFSET, torch.device("cpu")) for r in range(WORLD)]
+    assert all(int(s.flags.abs().sum()) == 0 for s in sites)  # zeroed (the buffer held 0xff)
+    for s in sites:
+        assert s.target("layers.0.o_proj", 1, N, torch.bfloat16) is s._targets[0]
+        assert s.target("layers.0.down_proj", 2, N, torch.bfloat16) is s._targets[1]
+        assert s.target("layers.0.o_proj", 2, N, torch.bfloat16) is s._targets[0]  # the same layer, the same site
+        assert s.target("x", 9, N, torch.bfloat16) is None  # more rows than a slot
+        assert s.target("x", 1, N + 1, torch.bfloat16) is None and s.target("x", 1, N, torch.float16) is None
+    assert sites[0].target("layers.1.o_proj", 1, N, torch.bfloat16) is sites[0]._targets[2]
+    assert sites[0].target("layers.1.down_proj", 1, N, torch.bfloat16) is None  # all 3 sites taken
+    # where rank 0's slot of site 1 lies on rank 1: in rank 1's buffer, after the flags
+    target = sites[0]._targets[1]
+    assert int(target.dest_ptrs[1]) == sites[1].slots[1, 0].data_ptr()
+    assert int(target.flag_ptrs[1]) == sites[1].flags[1, 0:].data_ptr()
+    assert sites[1].slots.data_ptr() == buffers[1].data_ptr() + OFFSET + layout.flags_bytes
+    # both ranks push into site 1 (small integers: every sum exact in bfloat16), then each adds
+    gen = torch.Generator().manual_seed(0)
+    xs = [torch.randint(-3, 4, (2, K), generator=gen).to(torch.bfloat16) for _ in range(WORLD)]
+    ws = [torch.randint(-3, 4, (N, K), generator=gen).to(torch.bfloat16) for _ in range(WORLD)]
+    for r in range(WORLD):
+        gemv_push(xs[r], ws[r], sites[r]._targets[1])
+    expected = gemv(xs[0], ws[0]).float() + gemv(xs[1], ws[1]).float()
+    for r in range(WORLD):
+        assert torch.equal(sum_pushed(sites[r]._targets[1], 2).float(), expected), r
+        assert sites[r].flags[1].tolist() == [1, 1] and sites[r].flags[0].tolist() == [0, 0]
+    print("OK")
+    """
+)
+
+
+@pytest.mark.slow
+def test_sites_addresses_and_a_push_between_simulated_ranks(tmp_path):
+    script = tmp_path / "simulated_ranks.py"
+    script.write_text(SIMULATED_RANKS)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "OK" in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]

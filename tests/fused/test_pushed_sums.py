@@ -1,0 +1,152 @@
+"""Partial sums pushed by the row-parallel GEMV and added by their reader, ranks simulated in one process.
+
+Each rank's memory is a tensor here (``infer_core.testing.local_push_targets``); every rank's GEMV
+pushes before any rank reads, as the ranks cannot run at once in the interpreter. What must hold:
+the pushed sum is the all-reduce's (float32: exactly the torch sum of the plain GEMVs' outputs); the
+norm + GEMV that adds the partial sums in its prologue gives the bits of the same launch on the summed
+tensor; rounds repeat (the flags count them, the counter is reset); and a raised ``abort`` lets a
+reader through when a rank never pushes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from infer_core.builtin.quant_none import UnquantizedLinearMethod
+from infer_core.interfaces import Communicator, ParallelContext
+from infer_core.layers.fused.gemv import gemv, gemv_push
+from infer_core.layers.fused.gemv_fusion import NormLinear
+from infer_core.layers.fused.norm_gemv import rms_norm_gemv
+from infer_core.layers.fused.pushed_sums import sum_pushed
+from infer_core.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from infer_core.layers.norm import RMSNorm
+from infer_core.layers.partial_sums import PartialSums, reduced
+from infer_core.testing import local_push_targets
+
+EPS = 1e-6
+MAX_ROWS = 8
+N, K_IN, N_NEXT = 40, 24, 36  # the row-parallel layer's output (the hidden size), its input, the next GEMV's
+
+
+def _rank_inputs(world: int, num_rows: int, dtype, device, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(num_rows, K_IN, generator=gen).to(device, dtype) for _ in range(world)]
+    ws = [(torch.randn(N, K_IN, generator=gen) / K_IN**0.5).to(device, dtype) for _ in range(world)]
+    return xs, ws
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("num_rows", [1, 2])
+def test_pushed_sum_is_the_sum_of_the_plain_gemvs(world, num_rows, device):
+    dtype = torch.float32  # one rounding fewer than bfloat16: the torch sum is the exact reference
+    targets = local_push_targets(world, MAX_ROWS, N, dtype, device)
+    for round_ in (1, 2, 3):
+        xs, ws = _rank_inputs(world, num_rows, dtype, device, seed=round_ * 10 + world)
+        for rank, target in enumerate(targets):
+            gemv_push(xs[rank], ws[rank], target)
+        expected = sum(gemv(x, w) for x, w in zip(xs, ws))  # rank order, float32: the kernel's sum
+        for target in targets:
+            got = reduced(PartialSums(target, (num_rows, N)))
+            assert torch.equal(got, expected), f"round {round_}, rank {target.rank}"
+            assert target.flags.tolist() == [round_] * world  # every rank's push of this round arrived
+            assert int(target.counter) == 0  # reset by the grid's last program
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("silu", [False, True], ids=["gemv", "gemv-silu"])
+@pytest.mark.parametrize("num_rows", [1, 2])
+def test_norm_gemv_adds_pushed_partial_sums_as_the_all_reduce_would(num_rows, silu, dtype, device):
+    world = 2
+    gen = torch.Generator().manual_seed(num_rows + 5 * silu)
+    residual = torch.randn(num_rows, N, generator=gen).to(device, dtype)
+    norm_weight = (1 + 0.2 * torch.randn(N, generator=gen)).to(device, dtype)
+    weight = (torch.randn(2 * N_NEXT if silu else N_NEXT, N, generator=gen) / N**0.5).to(device, dtype)
+    targets = local_push_targets(world, MAX_ROWS, N, dtype, device)
+    for round_ in (1, 2):
+        xs, ws = _rank_inputs(world, num_rows, dtype, device, seed=round_)
+        for rank, target in enumerate(targets):
+            gemv_push(xs[rank], ws[rank], target)
+        summed = sum_pushed(targets[0], num_rows)  # the all-reduced tensor, as every rank has it
+        expected, expected_residual = rms_norm_gemv(summed, norm_weight, EPS, weight, None, residual, silu=silu)
+        for target in targets:
+            got, got_residual = rms_norm_gemv(PartialSums(target, (num_rows, N)), norm_weight, EPS, weight, None,
+                                              residual, silu=silu)
+            assert torch.equal(got, expected) and torch.equal(got_residual, expected_residual), target.rank
+
+
+def test_a_raised_abort_lets_the_reader_through_when_a_rank_never_pushes(device):
+    targets = local_push_targets(2, MAX_ROWS, N, torch.float32, device)
+    xs, ws = _rank_inputs(2, 1, torch.float32, device, seed=7)
+    gemv_push(xs[0], ws[0], targets[0])  # rank 1 is dead: it never pushes
+    targets[0].abort.fill_(1)
+    sum_pushed(targets[0], 1)  # returns (garbage) instead of waiting forever
+    assert targets[0].flags.tolist() == [1, 0]
+
+
+def test_push_target_that_does_not_fit_is_refused(device):
+    target = local_push_targets(2, 2, N, torch.float32, device)[0]  # slots of 2 rows
+    x = torch.randn(3, K_IN, device=device)
+    with pytest.raises(ValueError, match="cannot take 3 rows"):
+        gemv_push(x, torch.randn(N, K_IN, device=device), target)
+    with pytest.raises(ValueError, match="cannot take"):
+        gemv_push(x[:1], torch.randn(N + 1, K_IN, device=device), target)
+    with pytest.raises(ValueError, match="pass a norm weight"):
+        rms_norm_gemv(PartialSums(target, (1, N)), None, EPS, torch.randn(4, N, device=device))
+
+
+class _PushingRank(Communicator):
+    """One simulated rank whose row-parallel layers push into ``target``; any all-reduce is a test failure."""
+
+    def __init__(self, rank: int, world_size: int, target) -> None:
+        self.rank, self.world_size, self.target = rank, world_size, target
+
+    def push_target(self, site, num_rows, n, dtype):
+        return self.target
+
+    def all_reduce(self, x):
+        raise AssertionError("a deferred row-parallel output was all-reduced instead of pushed")
+
+    def all_gather(self, x, dim=-1):
+        raise AssertionError("unexpected all_gather")
+
+    def gather(self, x, dst=0, dim=-1):
+        raise AssertionError("unexpected gather")
+
+
+def test_row_parallel_layer_pushes_and_the_norm_linear_after_it_adds(device, assert_close_to_reference):
+    """RowParallelLinear(defer_reduce=True) -> NormLinear: the layers' path, ranks simulated in one process."""
+    world, num_rows, dtype = 2, 1, torch.bfloat16  # the GEMV runs in half precision only
+    hidden, intermediate = N, 2 * K_IN
+    targets = local_push_targets(world, MAX_ROWS, hidden, dtype, device)
+    gen = torch.Generator().manual_seed(3)
+    down_full = (torch.randn(hidden, intermediate, generator=gen) / intermediate**0.5).to(device, dtype)
+    up_full = (torch.randn(2 * N_NEXT, hidden, generator=gen) / hidden**0.5).to(device, dtype)
+    x_full = torch.randn(num_rows, intermediate, generator=gen).to(device, dtype)
+    residual = torch.randn(num_rows, hidden, generator=gen).to(device, dtype)
+    norm = RMSNorm(hidden, EPS, dtype=dtype).to(device)
+    norm.weight.data.copy_((1 + 0.2 * torch.randn(hidden, generator=gen)).to(dtype))
+    norm.force_triton = True
+    ranks = []
+    for rank in range(world):
+        parallel = ParallelContext(rank, world, _PushingRank(rank, world, targets[rank]))
+        kw = dict(bias=False, parallel=parallel, dtype=dtype, prefix="layers.0.mlp.down_proj")
+        down = RowParallelLinear(intermediate, hidden, method=UnquantizedLinearMethod(), **kw).to(device)
+        down.weight_loader(down.weight, down_full)
+        gate_up = MergedColumnParallelLinear(hidden, [N_NEXT], bias=False, method=UnquantizedLinearMethod(),
+                                             parallel=ParallelContext.single(), dtype=dtype, prefix="next").to(device)
+        gate_up.weight.data.copy_(up_full[:N_NEXT])
+        for layer in (down, gate_up):
+            layer.method.force_triton = True
+        ranks.append((rank, down, NormLinear(norm, gate_up)))
+    pushed = [down(x_full[:, rank * K_IN:(rank + 1) * K_IN], defer_reduce=True) for rank, down, _ in ranks]
+    assert all(isinstance(p, PartialSums) for p in pushed)
+    summed = reduced(pushed[0])
+    partials = [gemv(x_full[:, r * K_IN:(r + 1) * K_IN], down_full[:, r * K_IN:(r + 1) * K_IN]) for r in range(world)]
+    # one rounding of the float32 sum: the GPU rounds as torch, the interpreter truncates (one step off at most)
+    assert_close_to_reference(summed, (partials[0].float() + partials[1].float()).to(dtype), ulps=1)
+    for (rank, _, norm_linear), partial in zip(ranks, pushed):
+        assert norm_linear.fuses(residual, residual)  # so the partial sums go to the fused launch, not .sum()
+        got, got_residual = norm_linear(partial, residual)  # adds the partial sums in the fused launch
+        expected, expected_residual = norm_linear(summed, residual)
+        assert torch.equal(got, expected) and torch.equal(got_residual, expected_residual), rank
