@@ -11,11 +11,13 @@ kernel's weight loads, so the weights stream in while the flags cross.
 The signal, one round per use of the site:
 
 - each program of the pushing GEMV stores its tile, passes a CTA barrier, and adds 1 to the local
-  ``counter`` (acq_rel, system scope); the program that takes it to the grid's size resets it and
+  ``counter`` (acq_rel, GPU scope); the program that takes it to the grid's size resets it and
   writes the round (its rank's previous flag + 1) into its rank's flag on every rank (release,
-  system scope). Acquire then release is what carries every program's stores to the peers' eyes.
-- a reader takes the round from its own rank's flag (its rank's GEMV ran before it on the stream)
-  and spins (acquire) until every rank's flag shows it, or until ``abort`` is raised after a peer died.
+  system scope). The programs' releases, the last one's acquire and its system-scoped release
+  order every program's stores before the flag, for the peers too (causality is transitive).
+- a reader takes the round from its own rank's flag (its rank's GEMV ran before it on the stream),
+  polls until every rank's flag shows it (or until ``abort`` is raised after a peer died), then
+  acquires it once.
 
 Rounds only ever grow (int32, compared for equality, so wrapping is harmless), and nothing is reset
 between rounds but the counter, by the kernel that used it. A slot is rewritten one round later only
@@ -52,9 +54,14 @@ def push_tile(acc, offs_m, cols, num_rows, N, dest_ptrs, local_slot_ptr, RANKS: 
 
 @triton.jit
 def signal_pushed(counter_ptr, flag_ptrs, RANK: tl.constexpr, RANKS: tl.constexpr):
-    """After this program's pushes: count it; the grid's last program raises the round on every rank."""
+    """After this program's pushes: count it; the grid's last program raises the round on every rank.
+
+    The count is GPU-scoped (the programs share a device); only the last program's flag writes are
+    system-scoped releases, which carry the other programs' stores along (they happen before them).
+    A system-scoped count would fence every program at system scope.
+    """
     tl.debug_barrier()  # every thread's stores precede the one thread's release below
-    arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="sys") + 1
+    arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") + 1
     if arrived == tl.num_programs(0):
         tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
         own_flag = tl.load(flag_ptrs + RANK).to(tl.pointer_type(tl.int32))
@@ -66,13 +73,18 @@ def signal_pushed(counter_ptr, flag_ptrs, RANK: tl.constexpr, RANKS: tl.constexp
 
 @triton.jit
 def wait_pushed(flags_ptr, abort_ptr, RANK: tl.constexpr, RANKS: tl.constexpr):
-    """Until every rank has pushed this round into the site (``flags_ptr``: the site's local flags)."""
+    """Until every rank has pushed this round into the site (``flags_ptr``: the site's local flags).
+
+    Polls with relaxed loads and acquires once the round is seen (an acquire a poll made every
+    program of the reader fence at system scope while it waited).
+    """
     round_ = tl.atomic_add(flags_ptr + RANK, 0, sem="relaxed", scope="gpu")
     for r in tl.static_range(RANKS):
         if r != RANK:
-            seen = tl.atomic_add(flags_ptr + r, 0, sem="acquire", scope="sys")
+            seen = tl.atomic_add(flags_ptr + r, 0, sem="relaxed", scope="sys")
             while (seen != round_) & (tl.atomic_add(abort_ptr, 0, sem="relaxed", scope="sys") == 0):
-                seen = tl.atomic_add(flags_ptr + r, 0, sem="acquire", scope="sys")
+                seen = tl.atomic_add(flags_ptr + r, 0, sem="relaxed", scope="sys")
+            tl.atomic_add(flags_ptr + r, 0, sem="acquire", scope="sys")  # the pushes before the flag are visible
     tl.debug_barrier()  # the one thread's acquire precedes every thread's loads of the slots
 
 
