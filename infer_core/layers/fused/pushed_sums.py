@@ -81,8 +81,8 @@ def signal_pushed(counter_ptr, flag_ptrs, RANK: tl.constexpr, RANKS: tl.constexp
 def wait_pushed(flags_ptr, abort_ptr, RANK: tl.constexpr, RANKS: tl.constexpr):
     """Until every rank has pushed this round into the site (``flags_ptr``: the site's local flags).
 
-    Polls with relaxed loads and acquires once the round is seen (an acquire a poll made every
-    program of the reader fence at system scope while it waited).
+    Polls with relaxed loads and acquires once the round is seen: an acquire on every poll would
+    fence at system scope on every poll, in every program of the reader.
     """
     round_ = tl.atomic_add(flags_ptr + RANK, 0, sem="relaxed", scope="gpu")
     for r in tl.static_range(RANKS):
