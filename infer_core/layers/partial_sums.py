@@ -9,6 +9,7 @@ every rank and adds them (``fused/pushed_sums.py``). This module never imports t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +26,7 @@ class PartialSums:
 
     @property
     def num_rows(self) -> int:
-        return self.shape[0] if len(self.shape) == 2 else int(torch.Size(self.shape[:-1]).numel())
+        return math.prod(self.shape[:-1])
 
     @property
     def dtype(self) -> torch.dtype:
@@ -34,9 +35,6 @@ class PartialSums:
     @property
     def device(self) -> torch.device:
         return self.target.partials.device
-
-    def dim(self) -> int:
-        return len(self.shape)
 
     def sum(self) -> torch.Tensor:
         """The all-reduced tensor, in a new tensor (waits on the device for every rank's push)."""

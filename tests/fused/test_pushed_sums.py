@@ -150,3 +150,7 @@ def test_row_parallel_layer_pushes_and_the_norm_linear_after_it_adds(device, ass
         got, got_residual = norm_linear(partial, residual)  # adds the partial sums in the fused launch
         expected, expected_residual = norm_linear(summed, residual)
         assert torch.equal(got, expected) and torch.equal(got_residual, expected_residual), rank
+        # without a residual (a first layer) the partial sums are summed first: the sum is the next residual
+        got, got_residual = norm_linear(partial, None)
+        expected, _ = norm_linear(summed, None)
+        assert torch.equal(got, expected) and torch.equal(got_residual, summed), rank

@@ -59,14 +59,10 @@ class NormLinear:
         x may be the row-parallel layer's pushed ``PartialSums``: the fused launch adds them in its
         prologue; every other path sums them first.
         """
-        if isinstance(x, PartialSums):
-            # the sum has the residual's shape, dtype and device, so the residual answers fuses() for it
-            fused = residual is not None and self.fuses(residual, residual)
-            if not fused:
-                x = x.sum()
-        if isinstance(x, torch.Tensor):
-            fused = self.fuses(x, residual)
-        if not fused:
+        # the sum has the residual's shape, dtype and device, so the residual answers fuses() for it
+        if isinstance(x, PartialSums) and not (residual is not None and self.fuses(residual, residual)):
+            x = x.sum()
+        if not (isinstance(x, PartialSums) or self.fuses(x, residual)):
             return self._unfused(x, residual)
         from infer_core.layers.fused.norm_gemv import rms_norm_gemv
 

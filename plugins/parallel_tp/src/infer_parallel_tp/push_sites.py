@@ -16,7 +16,6 @@ them to the device. Flags start at zero on every rank before any rank may push (
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -94,7 +93,6 @@ class PushSites:
             for s in range(sites)
         ]
         self._site_of: dict[str, int] = {}
-        self._lock = threading.Lock()
         self._full_noted = False
 
     def zero_flags_everywhere(self) -> None:
@@ -107,15 +105,14 @@ class PushSites:
         layout = self.layout
         if dtype != layout.dtype or n != layout.hidden_size or not 0 < num_rows <= layout.max_rows:
             return None
-        with self._lock:
-            index = self._site_of.get(site)
-            if index is None:
-                if len(self._site_of) == layout.num_sites:
-                    if not self._full_noted:
-                        self._full_noted = True
-                        logger.info("all %d push sites are taken; %s all-reduces instead", layout.num_sites, site)
-                    return None
-                index = self._site_of[site] = len(self._site_of)
+        index = self._site_of.get(site)  # the rank's forward runs on one thread: no lock
+        if index is None:
+            if len(self._site_of) == layout.num_sites:
+                if not self._full_noted:
+                    self._full_noted = True
+                    logger.info("all %d push sites are taken; %s all-reduces instead", layout.num_sites, site)
+                return None
+            index = self._site_of[site] = len(self._site_of)
         return self._targets[index]
 
     def rescue_after_peer_death(self) -> None:
