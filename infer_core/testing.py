@@ -166,16 +166,13 @@ def local_push_targets(world_size: int, max_rows: int, n: int, dtype, device) ->
     import torch
 
     from infer_core.interfaces import PushTarget
+    from infer_core.layers.partial_sums import WORD_DTYPE, values_per_word
 
-    partials = [torch.zeros((world_size, max_rows, n), dtype=dtype, device=device) for _ in range(world_size)]
-    flags = [torch.zeros(world_size, dtype=torch.int32, device=device) for _ in range(world_size)]
-    targets = []
-    for rank in range(world_size):
-        targets.append(PushTarget(
-            rank=rank, world_size=world_size,
-            dest_ptrs=torch.tensor([p[rank].data_ptr() for p in partials], dtype=torch.int64, device=device),
-            flag_ptrs=torch.tensor([f[rank:].data_ptr() for f in flags], dtype=torch.int64, device=device),
-            counter=torch.zeros(1, dtype=torch.int32, device=device), partials=partials[rank], flags=flags[rank],
-            abort=torch.zeros(1, dtype=torch.int32, device=device),
-        ))
-    return targets
+    words = n // values_per_word(dtype)
+    slots = [torch.zeros((world_size, max_rows, words), dtype=WORD_DTYPE, device=device) for _ in range(world_size)]
+    return [
+        PushTarget(rank=rank, world_size=world_size, dtype=dtype, n=n,
+                   dest_ptrs=torch.tensor([s[rank].data_ptr() for s in slots], dtype=torch.int64, device=device),
+                   slots=slots[rank], abort=torch.zeros(1, dtype=torch.int32, device=device))
+        for rank in range(world_size)
+    ]

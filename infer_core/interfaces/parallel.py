@@ -19,20 +19,24 @@ class PushTarget:
     """One all-reduce site (a row-parallel layer) whose partial sums are pushed, not all-reduced.
 
     The layer's GEMV stores its ``[rows, n]`` partial sums into this rank's slot of the site on
-    every rank (peer memory) and then raises its flag there; the kernel that reads the sum (the
-    next norm + GEMV, or ``layers.partial_sums``'s sum) waits for every rank's flag and adds the
-    slots itself. No all-reduce launch, and the reading kernel's weights stream in meanwhile.
-    All tensors are on this rank's device; the ``*_ptrs`` hold addresses other ranks mapped.
+    every rank (peer memory), each 64-bit word of a slot carrying 32 bits of values and the round of
+    the push; the kernel that reads the sum (the next norm + GEMV, or ``layers.partial_sums``'s sum)
+    waits until every rank's words carry the round and adds the slots itself
+    (``layers/fused/pushed_sums.py``). No all-reduce launch, and the reading kernel's weights stream in
+    meanwhile. All tensors are on this rank's device; ``dest_ptrs`` holds addresses other ranks mapped.
     """
 
     rank: int
     world_size: int
+    dtype: torch.dtype  # of the partial sums (float32: one a word; bfloat16, float16: two)
+    n: int  # values a row
     dest_ptrs: torch.Tensor  # int64 [world]: this rank's slot of the site, on every rank
-    flag_ptrs: torch.Tensor  # int64 [world]: this rank's flag of the site, on every rank
-    counter: torch.Tensor  # int32 [1]: programs of this rank's GEMV that pushed, this round (0 between)
-    partials: torch.Tensor  # [world, max_rows, n] in the dtype: every rank's slot of the site, here
-    flags: torch.Tensor  # int32 [world]: the round each rank last pushed into this site, here
+    slots: torch.Tensor  # int64 [world, max_rows, n / values a word]: every rank's slot of the site, here
     abort: torch.Tensor  # int32 [1]: nonzero once a peer died, which lets every wait through
+
+    @property
+    def max_rows(self) -> int:
+        return self.slots.shape[1]
 
 
 class Communicator(ABC):

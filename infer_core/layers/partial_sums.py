@@ -16,10 +16,19 @@ import torch
 
 from infer_core.interfaces import PushTarget
 
+WORD_DTYPE = torch.int64  # a slot's element: 32 bits of values, then the round of the push (``fused/pushed_sums.py``)
+
+
+def values_per_word(dtype: torch.dtype) -> int:
+    """Values a word of a slot carries: 1 float32, or 2 of a 16-bit dtype (bfloat16, float16)."""
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"partial sums are pushed in float32, bfloat16 or float16, not {dtype}")
+    return 4 // dtype.itemsize
+
 
 @dataclass(frozen=True, slots=True)
 class PartialSums:
-    """``[*shape]`` = sum over ranks of ``target.partials[r, :num_rows]``, once every rank has pushed."""
+    """``[*shape]`` = sum over ranks of the values in ``target.slots[r, :num_rows]``, once every rank has pushed."""
 
     target: PushTarget
     shape: tuple[int, ...]  # of the sum: the layer input's leading dims, then N
@@ -30,11 +39,11 @@ class PartialSums:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.target.partials.dtype
+        return self.target.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.target.partials.device
+        return self.target.slots.device
 
     def sum(self) -> torch.Tensor:
         """The all-reduced tensor, in a new tensor (waits on the device for every rank's push)."""

@@ -4,11 +4,13 @@ Each rank's memory is a tensor here (``infer_core.testing.local_push_targets``);
 pushes before any rank reads, as the ranks cannot run at once in the interpreter. What must hold:
 the pushed sum is the all-reduce's (float32: exactly the torch sum of the plain GEMVs' outputs); the
 norm + GEMV that adds the partial sums in its prologue gives the bits of the same launch on the summed
-tensor; rounds repeat (the flags count them, the counter is reset); and a raised ``abort`` lets a
-reader through when a rank never pushes.
+tensor; rounds repeat (each push writes its round into every word it stores, the reader waits for it); and a
+raised ``abort`` lets a reader through when a rank never pushes.
 """
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 import torch
@@ -27,6 +29,16 @@ from infer_core.testing import local_push_targets
 EPS = 1e-6
 MAX_ROWS = 8
 N, K_IN, N_NEXT = 40, 24, 36  # the row-parallel layer's output (the hidden size), its input, the next GEMV's
+
+
+def _rounds(target, num_rows: int) -> list[int]:
+    """The rounds in the words of the first ``num_rows`` rows of every slot in ``target`` (this rank's memory)."""
+    words = target.slots[:, :num_rows].cpu()
+    return sorted({int(r) for r in ((words >> 32) & 0xFFFFFFFF).flatten()})
+
+
+def _slot_rounds(target) -> list[list[int]]:
+    return [sorted({int(r) for r in ((slot >> 32) & 0xFFFFFFFF).flatten()}) for slot in target.slots.cpu()]
 
 
 def _rank_inputs(world: int, num_rows: int, dtype, device, seed: int):
@@ -49,8 +61,8 @@ def test_pushed_sum_is_the_sum_of_the_plain_gemvs(world, num_rows, device):
         for target in targets:
             got = reduced(PartialSums(target, (num_rows, N)))
             assert torch.equal(got, expected), f"round {round_}, rank {target.rank}"
-            assert target.flags.tolist() == [round_] * world  # every rank's push of this round arrived
-            assert int(target.counter) == 0  # reset by the grid's last program
+            assert _rounds(target, num_rows) == [round_]  # every word every rank pushed here is of this round
+            assert _rounds(target, MAX_ROWS)[0] == 0 or num_rows == MAX_ROWS  # rows not pushed keep round 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -81,7 +93,30 @@ def test_a_raised_abort_lets_the_reader_through_when_a_rank_never_pushes(device)
     gemv_push(xs[0], ws[0], targets[0])  # rank 1 is dead: it never pushes
     targets[0].abort.fill_(1)
     sum_pushed(targets[0], 1)  # returns (garbage) instead of waiting forever
-    assert targets[0].flags.tolist() == [1, 0]
+    assert _slot_rounds(targets[0]) == [[0, 1], [0]]  # rank 0's row 0 is of round 1; rank 1 never pushed
+
+
+def test_the_reader_waits_for_the_rank_that_has_not_pushed_yet(device):
+    """A reader started before the last rank's push returns only after it, with the sum of this round."""
+    if device != "cpu":
+        pytest.skip("ranks simulated in one process run one after the other on a GPU stream")
+    targets = local_push_targets(2, MAX_ROWS, N, torch.bfloat16, device)
+    xs, ws = _rank_inputs(2, 1, torch.bfloat16, device, seed=11)
+    for rank, target in enumerate(targets):  # round 1, read by nobody: rank 1's words there are stale next round
+        gemv_push(xs[rank], ws[rank], target)
+    xs, ws = _rank_inputs(2, 1, torch.bfloat16, device, seed=12)
+    gemv_push(xs[0], ws[0], targets[0])
+    result = {}
+    reader = threading.Thread(target=lambda: result.setdefault("sum", sum_pushed(targets[0], 1)))
+    reader.start()
+    reader.join(timeout=1.0)
+    assert reader.is_alive(), "the reader took rank 1's words of the last round for this one"
+    gemv_push(xs[1], ws[1], targets[1])
+    reader.join(timeout=60)
+    assert not reader.is_alive(), "the reader did not see rank 1's push"
+    assert torch.equal(result["sum"], sum_pushed(targets[0], 1))  # this round's words, as a later read finds them
+    expected = gemv(xs[0], ws[0]).float() + gemv(xs[1], ws[1]).float()  # not round 1's: other inputs
+    torch.testing.assert_close(result["sum"].float(), expected, rtol=2e-2, atol=2e-2)
 
 
 def test_push_target_that_does_not_fit_is_refused(device):

@@ -38,9 +38,10 @@ import triton.language as tl
 from infer_core.interfaces import PushTarget
 from infer_core.layers.fused import use_pdl
 from infer_core.layers.fused.pdl import pdl_enter
-from infer_core.layers.fused.pushed_sums import push_tile, signal_pushed
+from infer_core.layers.fused.pushed_sums import push_tile
 from infer_core.layers.fused.rms_norm import MAX_SINGLE_PASS
 from infer_core.layers.fused.rms_norm import _tiles as norm_tiles
+from infer_core.layers.partial_sums import WORD_DTYPE, values_per_word
 
 LARGE_K = 4096  # from this K on, the large-K tiles of choose_config
 LARGE_K_TILE = 16384  # elements of W a program loads per K step there (32 KiB of bf16)
@@ -122,8 +123,6 @@ def _gemv_kernel(
     stride_wn,
     stride_ym,
     push_dest_ptrs,
-    push_flag_ptrs,
-    push_counter_ptr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -133,11 +132,10 @@ def _gemv_kernel(
     SINGLE_STEP: tl.constexpr,
     PREFETCH_LINES: tl.constexpr,
     USE_PDL: tl.constexpr,
-    PUSH_RANK: tl.constexpr,
     PUSH_RANKS: tl.constexpr,
 ):
-    """``y = x @ W^T (+ bias)``; with ``PUSH_RANKS`` > 0, y (then the local slot, ``stride_ym`` = N) is pushed
-    to every rank's slot instead (``fused/pushed_sums.py``)."""
+    """``y = x @ W^T (+ bias)``; with ``PUSH_RANKS`` > 0, y is pushed as this rank's words of a site to every
+    rank instead, ``y_ptr`` being this rank's slot here (``fused/pushed_sums.py``)."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     # the last program's columns past N re-read row N-1 (in bounds, no mask on W) and are not stored
     w_rows = tl.minimum(cols, N - 1).to(tl.int64) * stride_wn
@@ -168,8 +166,8 @@ def _gemv_kernel(
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     if PUSH_RANKS > 0:
-        push_tile(acc, offs_m, cols, num_rows, N, push_dest_ptrs, y_ptr, PUSH_RANKS)
-        signal_pushed(push_counter_ptr, push_flag_ptrs, PUSH_RANK, PUSH_RANKS)
+        push_tile(acc, offs_m, tl.program_id(0) * BLOCK_N, num_rows, N, push_dest_ptrs, y_ptr,
+                  x_ptr.dtype.element_ty, BLOCK_M, BLOCK_N, PUSH_RANKS)
     else:
         y_ptrs = y_ptr + offs_m[:, None] * stride_ym + cols[None, :]
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m[:, None] < num_rows) & (cols[None, :] < N))
@@ -297,13 +295,13 @@ def _launch(rows, weight, bias, out, cfg: GemvConfig, push: PushTarget | None) -
     no_push = weight  # any tensor: the push arguments are not read without PUSH_RANKS
     _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
         rows, weight, bias if bias is not None else weight, out, num_rows, n, k, rows.stride(0), weight.stride(0), n,
-        push.dest_ptrs if push else no_push, push.flag_ptrs if push else no_push, push.counter if push else no_push,
+        push.dest_ptrs if push else no_push,
         BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None,
         NUM_STAGES=cfg.num_stages, SINGLE_STEP=cfg.block_k >= k,
         PREFETCH_LINES=prefetch_lines(cfg, k, rows.element_size(), pdl), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, USE_PDL=pdl, launch_pdl=pdl,
-        PUSH_RANK=push.rank if push else 0, PUSH_RANKS=push.world_size if push else 0,
+        PUSH_RANKS=push.world_size if push else 0,
     )
 
 
@@ -336,11 +334,14 @@ def gemv_push(x: torch.Tensor, weight: torch.Tensor, target: PushTarget, *, conf
     rows = _checked_rows(x, weight, None)
     num_rows, k = rows.shape
     n = weight.shape[0]
-    world, max_rows, slot_n = target.partials.shape
-    if (world, target.partials.dtype) != (target.world_size, x.dtype) or slot_n != n or not 0 < num_rows <= max_rows:
-        raise ValueError(f"push target {tuple(target.partials.shape)} {target.partials.dtype} cannot take "
-                         f"{num_rows} rows of {n} {x.dtype} partial sums from {world} ranks")
+    if target.dtype != x.dtype or target.n != n or not 0 < num_rows <= target.max_rows:
+        raise ValueError(f"push target of {target.max_rows} rows of {target.n} {target.dtype} cannot take "
+                         f"{num_rows} rows of {n} {x.dtype} partial sums")
     if k == 0:
         raise ValueError("gemv_push needs K >= 1")
     cfg = config or choose_config(n, k, x.element_size(), num_sms(x.device))
-    _launch(rows, weight, None, target.partials[target.rank], cfg, target)
+    per_word = values_per_word(x.dtype)
+    if cfg.block_n % per_word or target.slots.dtype != WORD_DTYPE or target.slots.shape[2] * per_word != n:
+        raise ValueError(f"{per_word} {x.dtype} values a word: the slots must be int64 [.., {n // per_word}] "
+                         f"and the tiles {per_word} columns wide or more, not {cfg.block_n}")
+    _launch(rows, weight, None, target.slots[target.rank], cfg, target)

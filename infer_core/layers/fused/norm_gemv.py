@@ -49,22 +49,24 @@ from infer_core.layers.fused.gemv import (
     prefetch_w_to_l2,
 )
 from infer_core.layers.fused.pdl import pdl_enter
-from infer_core.layers.fused.pushed_sums import load_summed, wait_pushed
+from infer_core.layers.fused.pushed_sums import load_summed
 from infer_core.layers.fused.rms_norm import MAX_SINGLE_PASS, _load_row_chunk
 from infer_core.layers.fused.rms_norm import _tiles as norm_tiles
-from infer_core.layers.partial_sums import PartialSums
+from infer_core.layers.partial_sums import WORD_DTYPE, PartialSums, values_per_word
 
 
 @triton.jit
-def _load_input_chunk(x_ptr, res_ptr, x_offs, r_offs, mask, HAS_RESIDUAL: tl.constexpr,
-                      PARTIAL_RANKS: tl.constexpr, partial_stride):
+def _load_input_chunk(x_ptr, res_ptr, x_offs, r_offs, mask, HAS_RESIDUAL: tl.constexpr, dtype: tl.constexpr,
+                      PARTIAL_RANK: tl.constexpr, PARTIAL_RANKS: tl.constexpr, partial_stride, abort_ptr,
+                      WAIT: tl.constexpr):
     """``rms_norm.py``'s ``_load_row_chunk``; with ``PARTIAL_RANKS``, x is the sum of the ranks' pushed partial
-    sums (``x_ptr``: rank 0's slot, ``partial_stride`` elements apart), rounded as the all-reduce would."""
+    sums (``x_ptr``: rank 0's slot of words, ``partial_stride`` words apart), rounded as the all-reduce
+    would; ``WAIT``: first wait for every rank's push (``fused/pushed_sums.py``)."""
     if PARTIAL_RANKS > 0:
-        x = load_summed(x_ptr, partial_stride, x_offs, mask, PARTIAL_RANKS)
+        x = load_summed(x_ptr, partial_stride, x_offs, mask, abort_ptr, PARTIAL_RANK, PARTIAL_RANKS, dtype, WAIT)
         if HAS_RESIDUAL:
             r = tl.load(res_ptr + r_offs, mask=mask, other=0.0)
-            x = (x + r.to(tl.float32)).to(x_ptr.dtype.element_ty).to(tl.float32)
+            x = (x + r.to(tl.float32)).to(dtype).to(tl.float32)
         return x
     return _load_row_chunk(x_ptr, res_ptr, x_offs, r_offs, mask, HAS_RESIDUAL)
 
@@ -72,7 +74,8 @@ def _load_input_chunk(x_ptr, res_ptr, x_offs, r_offs, mask, HAS_RESIDUAL: tl.con
 @triton.jit
 def _rows_rstd(x_ptr, res_ptr, res_out_ptr, num_rows, K, stride_xm, stride_rm, eps, offs_m,
                BLOCK_M: tl.constexpr, NORM_BLOCK_M: tl.constexpr, NORM_BLOCK_N: tl.constexpr,
-               HAS_RESIDUAL: tl.constexpr, PARTIAL_RANKS: tl.constexpr, partial_stride):
+               HAS_RESIDUAL: tl.constexpr, PARTIAL_RANK: tl.constexpr, PARTIAL_RANKS: tl.constexpr, partial_stride,
+               abort_ptr):
     """``1 / rms`` of each row of ``x (+ residual)`` as ``[BLOCK_M]``; program 0 stores ``x + residual``.
 
     Rows go in blocks of ``rms_norm.py``'s tile ``[NORM_BLOCK_M, NORM_BLOCK_N]`` through its own load
@@ -87,10 +90,11 @@ def _rows_rstd(x_ptr, res_ptr, res_out_ptr, num_rows, K, stride_xm, stride_rm, e
         rows = start + block_rows
         mask = (rows < num_rows)[:, None] & (cols < K)[None, :]
         x = _load_input_chunk(x_ptr, res_ptr, (rows * stride_xm)[:, None] + cols[None, :],
-                              (rows * stride_rm)[:, None] + cols[None, :], mask, HAS_RESIDUAL, PARTIAL_RANKS,
-                              partial_stride)
+                              (rows * stride_rm)[:, None] + cols[None, :], mask, HAS_RESIDUAL,
+                              res_out_ptr.dtype.element_ty, PARTIAL_RANK, PARTIAL_RANKS, partial_stride, abort_ptr,
+                              True)
         if HAS_RESIDUAL:
-            tl.store(res_out_ptr + (rows * K)[:, None] + cols[None, :], x.to(x_ptr.dtype.element_ty),
+            tl.store(res_out_ptr + (rows * K)[:, None] + cols[None, :], x.to(res_out_ptr.dtype.element_ty),
                      mask=(rows < stored_rows)[:, None] & (cols < K)[None, :])
         rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / K + eps)
         for i in tl.static_range(NORM_BLOCK_M):
@@ -102,12 +106,13 @@ def _rows_rstd(x_ptr, res_ptr, res_out_ptr, num_rows, K, stride_xm, stride_rm, e
 
 @triton.jit
 def _normed_chunk(x_ptr, res_ptr, norm_w_ptr, row, k, K, stride_xm, stride_rm, rstd,
-                  HAS_RESIDUAL: tl.constexpr, PARTIAL_RANKS: tl.constexpr, partial_stride):
+                  HAS_RESIDUAL: tl.constexpr, PARTIAL_RANK: tl.constexpr, PARTIAL_RANKS: tl.constexpr, partial_stride,
+                  abort_ptr):
     """One K chunk of the norm's output row, rounded as ``rms_norm.py`` stores it, in float32."""
     mask = k < K
-    x = _load_input_chunk(x_ptr, res_ptr, row * stride_xm + k, row * stride_rm + k, mask, HAS_RESIDUAL,
-                          PARTIAL_RANKS, partial_stride)
-    dtype = x_ptr.dtype.element_ty
+    dtype = norm_w_ptr.dtype.element_ty
+    x = _load_input_chunk(x_ptr, res_ptr, row * stride_xm + k, row * stride_rm + k, mask, HAS_RESIDUAL, dtype,
+                          PARTIAL_RANK, PARTIAL_RANKS, partial_stride, abort_ptr, False)
     y = (x * rstd).to(dtype).to(tl.float32)
     w = tl.load(norm_w_ptr + k, mask=mask, other=0.0).to(tl.float32)
     return (w * y).to(dtype).to(tl.float32)
@@ -131,7 +136,6 @@ def _norm_gemv_kernel(
     stride_ym,
     eps,
     partial_stride,
-    flags_ptr,
     abort_ptr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -152,8 +156,8 @@ def _norm_gemv_kernel(
 ):
     """``y[M, N]``: (silu(gate) * up of) ``norm(x (+ residual)) @ W^T (+ bias)``; N is I with SILU (W has 2I rows).
 
-    With ``PARTIAL_RANKS`` > 0, x is the sum of the ranks' partial sums pushed into ``x_ptr``'s slots
-    (``fused/pushed_sums.py``): the programs wait for every rank's flag after loading their W.
+    With ``PARTIAL_RANKS`` > 0, x is the sum of the ranks' partial sums pushed into the slots of words at
+    ``x_ptr`` (``fused/pushed_sums.py``): the norm's prologue, after the W loads, waits for every rank's push.
 
     Program p computes column blocks p, p + P, p + 2P, ... (P programs): one block each unless the
     launch is persistent (fewer programs than blocks), which pays the norm's prologue once per program.
@@ -173,11 +177,10 @@ def _norm_gemv_kernel(
         if SILU:
             prefetch_w_to_l2(w_ptr, (first_rows + N) * stride_wn, K, PREFETCH_LINES)
     pdl_enter(USE_PDL)  # before any other load or store: see fused/pdl.py
-    if PARTIAL_RANKS > 0:
-        wait_pushed(flags_ptr, abort_ptr, PARTIAL_RANK, PARTIAL_RANKS)
     if HAS_NORM:
         rstd_rows = _rows_rstd(x_ptr, res_ptr, res_out_ptr, num_rows, K, stride_xm, stride_rm, eps, offs_m,
-                               BLOCK_M, NORM_BLOCK_M, NORM_BLOCK_N, HAS_RESIDUAL, PARTIAL_RANKS, partial_stride)
+                               BLOCK_M, NORM_BLOCK_M, NORM_BLOCK_N, HAS_RESIDUAL, PARTIAL_RANK, PARTIAL_RANKS,
+                               partial_stride, abort_ptr)
     dtype = y_ptr.dtype.element_ty
     num_blocks = tl.cdiv(N, BLOCK_N)
     for block in tl.range(tl.program_id(0), num_blocks, tl.num_programs(0)):
@@ -202,7 +205,7 @@ def _norm_gemv_kernel(
                 if HAS_NORM:
                     rstd = tl.sum(tl.where(offs_m == row, rstd_rows, 0.0), axis=0)
                     xm = _normed_chunk(x_ptr, res_ptr, norm_w_ptr, row, k, K, stride_xm, stride_rm, rstd,
-                                       HAS_RESIDUAL, PARTIAL_RANKS, partial_stride)
+                                       HAS_RESIDUAL, PARTIAL_RANK, PARTIAL_RANKS, partial_stride, abort_ptr)
                 elif EVEN_K:
                     xm = tl.load(x_ptr + row * stride_xm + k).to(tl.float32)
                 else:
@@ -255,12 +258,15 @@ def _launch(x, residual, norm_weight, eps, weight, bias, silu: bool, config: Gem
     if partials is None:
         rows = _rows(x, k)
         num_rows, stride_xm, partial_stride = rows.shape[0], rows.stride(0), 0
-        flags, abort, partial_rank, partial_ranks = weight, weight, 0, 0  # not read without PARTIAL_RANKS
+        abort, partial_rank, partial_ranks = weight, 0, 0  # not read without PARTIAL_RANKS
     else:
         target = partials.target
-        rows = target.partials[0]  # rank 0's slot; rank r's lies r * partial_stride elements on
-        num_rows, stride_xm, partial_stride = partials.num_rows, k, target.partials.stride(0)
-        flags, abort, partial_rank, partial_ranks = target.flags, target.abort, target.rank, target.world_size
+        if target.slots.dtype != WORD_DTYPE or target.slots.shape[2] * values_per_word(target.dtype) != k:
+            raise ValueError(f"push target slots {tuple(target.slots.shape)} {target.slots.dtype} do not hold "
+                             f"{k} {target.dtype} values a row")
+        rows = target.slots[0]  # rank 0's slot; rank r's lies r * partial_stride words on
+        num_rows, stride_xm, partial_stride = partials.num_rows, k, target.slots.stride(0)
+        abort, partial_rank, partial_ranks = target.abort, target.rank, target.world_size
     if num_rows > MAX_ROWS:
         raise ValueError(f"the fused GEMV takes at most {MAX_ROWS} rows, got {num_rows}: use the separate layers")
     n_out = n // 2 if silu else n
@@ -286,7 +292,7 @@ def _launch(x, residual, norm_weight, eps, weight, bias, silu: bool, config: Gem
         rows, res_rows, norm_weight if norm_weight is not None else weight, weight,
         bias if bias is not None else weight, out, res_out if res_out is not None else out,
         num_rows, n_out, k, stride_xm, res_rows.stride(0), weight.stride(0), n_out, eps,
-        partial_stride, flags, abort,
+        partial_stride, abort,
         BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_K=k % config.block_k == 0, HAS_BIAS=bias is not None, NUM_STAGES=config.num_stages,
         SINGLE_STEP=single_step, HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None,

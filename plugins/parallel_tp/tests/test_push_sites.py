@@ -20,10 +20,11 @@ from infer_parallel_tp.push_sites import MAX_ROWS, PushLayout
 def test_two_sites_a_layer_in_half_precision_only():
     layout = PushLayout.for_model(36, 4096, 2, torch.bfloat16)  # Qwen3-8B at two ranks
     assert (layout.num_sites, layout.hidden_size, layout.max_rows) == (72, 4096, MAX_ROWS)
-    assert layout.flags_bytes == 72 * 2 * 4
-    assert layout.nbytes == 72 * 2 * 4 + 72 * 2 * MAX_ROWS * 4096 * 2  # about 9 MiB a rank
+    assert layout.words_per_row == 2048  # two bfloat16 values and a round a word
+    assert layout.nbytes == 72 * 2 * MAX_ROWS * 2048 * 8  # 18 MiB a rank
     assert PushLayout.for_model(36, 4096, 2, torch.float32) is None  # the GEMV never runs in float32
     assert PushLayout.for_model(36, 4096, 1, torch.bfloat16) is None
+    assert PushLayout.for_model(36, 4095, 2, torch.bfloat16) is None  # an odd hidden size fills no word
 
 
 SIMULATED_RANKS = textwrap.dedent(
@@ -50,7 +51,7 @@ SIMULATED_RANKS = textwrap.dedent(
     layout = PushLayout(num_sites=3, hidden_size=N, world_size=WORLD, dtype=torch.bfloat16)
     buffers = [torch.full((OFFSET + layout.nbytes,), 255, dtype=torch.uint8) for _ in range(WORLD)]
     sites = [PushSites(Rendezvous(buffers), r, layout, OFFSET, torch.device("cpu")) for r in range(WORLD)]
-    assert all(int(s.flags.abs().sum()) == 0 for s in sites)  # zeroed (the buffer held 0xff)
+    assert all(int(s.slots.abs().sum()) == 0 for s in sites)  # zeroed: round 0 (the buffer held 0xff)
     for s in sites:
         assert s.target("layers.0.o_proj", 1, N, torch.bfloat16) is s._targets[0]
         assert s.target("layers.0.down_proj", 2, N, torch.bfloat16) is s._targets[1]
@@ -59,11 +60,11 @@ SIMULATED_RANKS = textwrap.dedent(
         assert s.target("x", 1, N + 1, torch.bfloat16) is None and s.target("x", 1, N, torch.float16) is None
     assert sites[0].target("layers.1.o_proj", 1, N, torch.bfloat16) is sites[0]._targets[2]
     assert sites[0].target("layers.1.down_proj", 1, N, torch.bfloat16) is None  # all 3 sites taken
-    # where rank 0's slot of site 1 lies on rank 1: in rank 1's buffer, after the flags
+    # where rank 0's slot of site 1 lies on rank 1: in rank 1's buffer, after the one-shot's bytes
     target = sites[0]._targets[1]
     assert int(target.dest_ptrs[1]) == sites[1].slots[1, 0].data_ptr()
-    assert int(target.flag_ptrs[1]) == sites[1].flags[1, 0:].data_ptr()
-    assert sites[1].slots.data_ptr() == buffers[1].data_ptr() + OFFSET + layout.flags_bytes
+    assert sites[1].slots.data_ptr() == buffers[1].data_ptr() + OFFSET
+    assert sites[1].slots.shape == (3, WORLD, 8, N // 2)
     # both ranks push into site 1 (small integers: every sum exact in bfloat16), then each adds
     gen = torch.Generator().manual_seed(0)
     xs = [torch.randint(-3, 4, (2, K), generator=gen).to(torch.bfloat16) for _ in range(WORLD)]
@@ -73,7 +74,9 @@ SIMULATED_RANKS = textwrap.dedent(
     expected = gemv(xs[0], ws[0]).float() + gemv(xs[1], ws[1]).float()
     for r in range(WORLD):
         assert torch.equal(sum_pushed(sites[r]._targets[1], 2).float(), expected), r
-        assert sites[r].flags[1].tolist() == [1, 1] and sites[r].flags[0].tolist() == [0, 0]
+        rounds = (sites[r].slots >> 32) & 0xFFFFFFFF  # of each word: site 1's first 2 rows pushed once
+        assert rounds[1, :, :2].unique().tolist() == [1] and rounds[1, :, 2:].unique().tolist() == [0]
+        assert rounds[0].unique().tolist() == [0] and rounds[2].unique().tolist() == [0]
     print("OK")
     """
 )

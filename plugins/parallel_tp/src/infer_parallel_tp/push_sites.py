@@ -1,16 +1,16 @@
 """Where row-parallel layers push their partial sums: one site per layer in the symmetric buffer.
 
 The core's ``PushTarget`` (``infer_core.interfaces.parallel``) names, for one row-parallel layer, the
-slot its GEMV fills on every rank and the flags it raises there; ``layers/fused/pushed_sums.py``
-has the kernels and the protocol. This module lays the sites out in the symmetric-memory buffer
-after the one-shot all-reduce's bytes, with the peers' addresses taken from the rendezvous:
+slot its GEMV fills on every rank; ``layers/fused/pushed_sums.py`` has the kernels and the protocol
+(each 64-bit word of a slot carries 32 bits of values and the round of the push that wrote them).
+This module lays the sites out in the symmetric-memory buffer after the one-shot all-reduce's
+bytes, with the peers' addresses taken from the rendezvous:
 
-    flags  int32 [sites, world]                 flag [s, r]: the round rank r last pushed into site s
-    slots  dtype [sites, world, max_rows, n]    slot [s, r]: rank r's partial sums of site s
+    slots  int64 [sites, world, max_rows, n / values a word]    slot [s, r]: rank r's partial sums of site s
 
 Every rank assigns sites in the order its layers first ask (the same forward on every rank, so the
 same order), and builds every site's address tables at start, eagerly: a graph capture cannot copy
-them to the device. Flags start at zero on every rank before any rank may push (a barrier).
+them to the device. Slots start at zero (round 0) on every rank before any rank may push (a barrier).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from infer_core.interfaces import PushTarget
+from infer_core.layers.partial_sums import WORD_DTYPE, values_per_word
 
 logger = logging.getLogger(__name__)
 
@@ -44,21 +45,18 @@ class PushLayout:
     max_rows: int = MAX_ROWS
 
     @property
-    def flags_bytes(self) -> int:
-        return _aligned(self.num_sites * self.world_size * 4)
-
-    @property
-    def slots_elements(self) -> int:
-        return self.num_sites * self.world_size * self.max_rows * self.hidden_size
+    def words_per_row(self) -> int:
+        return self.hidden_size // values_per_word(self.dtype)
 
     @property
     def nbytes(self) -> int:
-        return self.flags_bytes + _aligned(self.slots_elements * self.dtype.itemsize)
+        words = self.num_sites * self.world_size * self.max_rows * self.words_per_row
+        return _aligned(words * WORD_DTYPE.itemsize)
 
     @classmethod
     def for_model(cls, num_layers: int, hidden_size: int, world_size: int, dtype: torch.dtype) -> PushLayout | None:
         """The layout for a decoder of ``num_layers`` layers; None where the GEMV never runs (float32)."""
-        if dtype not in PUSH_DTYPES or world_size < 2:
+        if dtype not in PUSH_DTYPES or world_size < 2 or hidden_size % values_per_word(dtype):
             return None
         return cls(2 * num_layers, hidden_size, world_size, dtype)
 
@@ -72,32 +70,25 @@ class PushSites:
             raise ValueError(f"the push region must start {ALIGN}-byte aligned, not at {byte_offset}")
         self.layout = layout
         self.rank = rank
-        flag_offset = byte_offset // 4
-        slot_offset = (byte_offset + layout.flags_bytes) // layout.dtype.itemsize
-        slot_shape = (sites, world, layout.max_rows, layout.hidden_size)
-        flags = [handle.get_buffer(r, (sites, world), torch.int32, flag_offset) for r in range(world)]
-        slots = [handle.get_buffer(r, slot_shape, layout.dtype, slot_offset) for r in range(world)]
-        self.flags = flags[rank]  # [sites, world], this rank's memory
-        self.slots = slots[rank]  # [sites, world, max_rows, n]
-        # [site, r]: where this rank's slot / flag of the site lies on rank r
+        slot_shape = (sites, world, layout.max_rows, layout.words_per_row)
+        offset = byte_offset // WORD_DTYPE.itemsize
+        slots = [handle.get_buffer(r, slot_shape, WORD_DTYPE, offset) for r in range(world)]
+        self.slots = slots[rank]  # [sites, world, max_rows, words a row], this rank's memory
+        # [site, r]: where this rank's slot of the site lies on rank r
         dest = [[slots[r][s, rank].data_ptr() for r in range(world)] for s in range(sites)]
-        flag = [[flags[r][s, rank:].data_ptr() for r in range(world)] for s in range(sites)]
         self.dest_ptrs = torch.tensor(dest, dtype=torch.int64, device=device)
-        self.flag_ptrs = torch.tensor(flag, dtype=torch.int64, device=device)
-        self.counters = torch.zeros(sites, dtype=torch.int32, device=device)
         self.abort = torch.zeros(1, dtype=torch.int32, device=device)
-        self.flags.zero_()
+        self.slots.zero_()
         self._targets: list[PushTarget] = [
-            PushTarget(rank, world, self.dest_ptrs[s], self.flag_ptrs[s], self.counters[s:s + 1], self.slots[s],
-                       self.flags[s], self.abort)
+            PushTarget(rank, world, layout.dtype, layout.hidden_size, self.dest_ptrs[s], self.slots[s], self.abort)
             for s in range(sites)
         ]
         self._site_of: dict[str, int] = {}
         self._full_noted = False
 
-    def zero_flags_everywhere(self) -> None:
-        """Collective: once every rank zeroed its flags (here, on the device), any may push."""
-        torch.cuda.current_stream(self.flags.device).synchronize()
+    def zeroed_everywhere(self) -> None:
+        """Collective: once every rank zeroed its slots (here, on the device), any may push."""
+        torch.cuda.current_stream(self.slots.device).synchronize()
         dist.barrier()
 
     def target(self, site: str, num_rows: int, n: int, dtype: torch.dtype) -> PushTarget | None:
@@ -118,7 +109,7 @@ class PushSites:
     def rescue_after_peer_death(self) -> None:
         """Let every wait for a peer's push through (the results are garbage: the engine is dead).
 
-        A copy engine writes the flag from pinned memory, not a kernel: the waiting kernels may hold every SM.
+        A copy engine writes ``abort`` from pinned memory, not a kernel: the waiting kernels may hold every SM.
         """
         stream = torch.cuda.Stream(self.abort.device)
         one = torch.ones(1, dtype=torch.int32).pin_memory()

@@ -208,7 +208,7 @@ class OneShotAllReduce:
                 return None, "; ".join(failures)
         path = f"one-shot over symmetric memory up to {max_bytes // 1024} KiB (peer loads, no multicast)"
         if one_shot.push_sites is not None:
-            one_shot.push_sites.zero_flags_everywhere()
+            one_shot.push_sites.zeroed_everywhere()
             layout = one_shot.push_sites.layout
             path += (f"; row-parallel layers of up to {layout.max_rows} rows push their partial sums "
                      f"({layout.num_sites} sites)")
