@@ -132,7 +132,8 @@ def gemv_asm(n: int, k: int, num_rows: int, cfg, prefetch: int, *, push_ranks: i
     return compile_for_sm90(_gemv_kernel, args, dict(
         BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias, NUM_STAGES=cfg.num_stages, SINGLE_STEP=cfg.block_k >= k,
-        PREFETCH_LINES=prefetch, USE_PDL=True, PUSH_RANKS=push_ranks), cfg.num_warps, cfg.num_stages)
+        PREFETCH_LINES=prefetch, USE_PDL=True, PUSH_RANKS=push_ranks,
+        PUSH_VALUES_PER_WORD=2 if push_ranks else 1), cfg.num_warps, cfg.num_stages)
 
 
 def gemv_layouts(n: int, k: int, num_rows: int, cfg) -> list[str]:
@@ -158,7 +159,8 @@ def fused_asm(n: int, k: int, num_rows: int, cfg, prefetch: int, *, norm: bool, 
         BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=True, NUM_STAGES=cfg.num_stages, SINGLE_STEP=cfg.block_k >= k,
         HAS_NORM=norm, HAS_RESIDUAL=norm, NORM_BLOCK_M=bm, NORM_BLOCK_N=bn, SILU=silu, PREFETCH_LINES=prefetch,
-        USE_PDL=True, PARTIAL_RANK=0, PARTIAL_RANKS=partial_ranks), cfg.num_warps, cfg.num_stages)
+        USE_PDL=True, PARTIAL_RANK=0, PARTIAL_RANKS=partial_ranks, PARTIAL_PER_WORD=2 if partial_ranks else 1),
+        cfg.num_warps, cfg.num_stages)
 
 
 def fused_layouts(n: int, k: int, num_rows: int, cfg, *, norm: bool, silu: bool, partial_ranks: int = 0) -> list[str]:

@@ -133,6 +133,7 @@ def _gemv_kernel(
     PREFETCH_LINES: tl.constexpr,
     USE_PDL: tl.constexpr,
     PUSH_RANKS: tl.constexpr,
+    PUSH_VALUES_PER_WORD: tl.constexpr,
 ):
     """``y = x @ W^T (+ bias)``; with ``PUSH_RANKS`` > 0, y is pushed as this rank's words of a site to every
     rank instead, ``y_ptr`` being this rank's slot here (``fused/pushed_sums.py``)."""
@@ -167,7 +168,7 @@ def _gemv_kernel(
         acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     if PUSH_RANKS > 0:
         push_tile(acc, offs_m, tl.program_id(0) * BLOCK_N, num_rows, N, push_dest_ptrs, y_ptr,
-                  x_ptr.dtype.element_ty, BLOCK_M, BLOCK_N, PUSH_RANKS)
+                  x_ptr.dtype.element_ty, PUSH_VALUES_PER_WORD, BLOCK_M, BLOCK_N, PUSH_RANKS)
     else:
         y_ptrs = y_ptr + offs_m[:, None] * stride_ym + cols[None, :]
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m[:, None] < num_rows) & (cols[None, :] < N))
@@ -301,7 +302,7 @@ def _launch(rows, weight, bias, out, cfg: GemvConfig, push: PushTarget | None) -
         NUM_STAGES=cfg.num_stages, SINGLE_STEP=cfg.block_k >= k,
         PREFETCH_LINES=prefetch_lines(cfg, k, rows.element_size(), pdl), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, USE_PDL=pdl, launch_pdl=pdl,
-        PUSH_RANKS=push.world_size if push else 0,
+        PUSH_RANKS=push.world_size if push else 0, PUSH_VALUES_PER_WORD=values_per_word(push.dtype) if push else 1,
     )
 
 

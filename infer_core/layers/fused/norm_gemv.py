@@ -57,13 +57,14 @@ from infer_core.layers.partial_sums import WORD_DTYPE, PartialSums, values_per_w
 
 @triton.jit
 def _load_input_chunk(x_ptr, res_ptr, x_offs, r_offs, mask, HAS_RESIDUAL: tl.constexpr, dtype: tl.constexpr,
-                      PARTIAL_RANK: tl.constexpr, PARTIAL_RANKS: tl.constexpr, partial_stride, abort_ptr,
-                      WAIT: tl.constexpr):
+                      PARTIAL_RANK: tl.constexpr, PARTIAL_RANKS: tl.constexpr, PARTIAL_PER_WORD: tl.constexpr,
+                      partial_stride, abort_ptr, WAIT: tl.constexpr):
     """``rms_norm.py``'s ``_load_row_chunk``; with ``PARTIAL_RANKS``, x is the sum of the ranks' pushed partial
     sums (``x_ptr``: rank 0's slot of words, ``partial_stride`` words apart), rounded as the all-reduce
     would; ``WAIT``: first wait for every rank's push (``fused/pushed_sums.py``)."""
     if PARTIAL_RANKS > 0:
-        x = load_summed(x_ptr, partial_stride, x_offs, mask, abort_ptr, PARTIAL_RANK, PARTIAL_RANKS, dtype, WAIT)
+        x = load_summed(x_ptr, partial_stride, x_offs, mask, abort_ptr, PARTIAL_RANK, PARTIAL_RANKS, dtype,
+                        PARTIAL_PER_WORD, WAIT)
         if HAS_RESIDUAL:
             r = tl.load(res_ptr + r_offs, mask=mask, other=0.0)
             x = (x + r.to(tl.float32)).to(dtype).to(tl.float32)
@@ -74,8 +75,8 @@ def _load_input_chunk(x_ptr, res_ptr, x_offs, r_offs, mask, HAS_RESIDUAL: tl.con
 @triton.jit
 def _rows_rstd(x_ptr, res_ptr, res_out_ptr, num_rows, K, stride_xm, stride_rm, eps, offs_m,
                BLOCK_M: tl.constexpr, NORM_BLOCK_M: tl.constexpr, NORM_BLOCK_N: tl.constexpr,
-               HAS_RESIDUAL: tl.constexpr, PARTIAL_RANK: tl.constexpr, PARTIAL_RANKS: tl.constexpr, partial_stride,
-               abort_ptr):
+               HAS_RESIDUAL: tl.constexpr, PARTIAL_RANK: tl.constexpr, PARTIAL_RANKS: tl.constexpr,
+               PARTIAL_PER_WORD: tl.constexpr, partial_stride, abort_ptr):
     """``1 / rms`` of each row of ``x (+ residual)`` as ``[BLOCK_M]``; program 0 stores ``x + residual``.
 
     Rows go in blocks of ``rms_norm.py``'s tile ``[NORM_BLOCK_M, NORM_BLOCK_N]`` through its own load
@@ -91,8 +92,8 @@ def _rows_rstd(x_ptr, res_ptr, res_out_ptr, num_rows, K, stride_xm, stride_rm, e
         mask = (rows < num_rows)[:, None] & (cols < K)[None, :]
         x = _load_input_chunk(x_ptr, res_ptr, (rows * stride_xm)[:, None] + cols[None, :],
                               (rows * stride_rm)[:, None] + cols[None, :], mask, HAS_RESIDUAL,
-                              res_out_ptr.dtype.element_ty, PARTIAL_RANK, PARTIAL_RANKS, partial_stride, abort_ptr,
-                              True)
+                              res_out_ptr.dtype.element_ty, PARTIAL_RANK, PARTIAL_RANKS, PARTIAL_PER_WORD,
+                              partial_stride, abort_ptr, True)
         if HAS_RESIDUAL:
             tl.store(res_out_ptr + (rows * K)[:, None] + cols[None, :], x.to(res_out_ptr.dtype.element_ty),
                      mask=(rows < stored_rows)[:, None] & (cols < K)[None, :])
@@ -106,13 +107,13 @@ def _rows_rstd(x_ptr, res_ptr, res_out_ptr, num_rows, K, stride_xm, stride_rm, e
 
 @triton.jit
 def _normed_chunk(x_ptr, res_ptr, norm_w_ptr, row, k, K, stride_xm, stride_rm, rstd,
-                  HAS_RESIDUAL: tl.constexpr, PARTIAL_RANK: tl.constexpr, PARTIAL_RANKS: tl.constexpr, partial_stride,
-                  abort_ptr):
+                  HAS_RESIDUAL: tl.constexpr, PARTIAL_RANK: tl.constexpr, PARTIAL_RANKS: tl.constexpr,
+                  PARTIAL_PER_WORD: tl.constexpr, partial_stride, abort_ptr):
     """One K chunk of the norm's output row, rounded as ``rms_norm.py`` stores it, in float32."""
     mask = k < K
     dtype = norm_w_ptr.dtype.element_ty
     x = _load_input_chunk(x_ptr, res_ptr, row * stride_xm + k, row * stride_rm + k, mask, HAS_RESIDUAL, dtype,
-                          PARTIAL_RANK, PARTIAL_RANKS, partial_stride, abort_ptr, False)
+                          PARTIAL_RANK, PARTIAL_RANKS, PARTIAL_PER_WORD, partial_stride, abort_ptr, False)
     y = (x * rstd).to(dtype).to(tl.float32)
     w = tl.load(norm_w_ptr + k, mask=mask, other=0.0).to(tl.float32)
     return (w * y).to(dtype).to(tl.float32)
@@ -153,6 +154,7 @@ def _norm_gemv_kernel(
     USE_PDL: tl.constexpr,
     PARTIAL_RANK: tl.constexpr,
     PARTIAL_RANKS: tl.constexpr,
+    PARTIAL_PER_WORD: tl.constexpr,
 ):
     """``y[M, N]``: (silu(gate) * up of) ``norm(x (+ residual)) @ W^T (+ bias)``; N is I with SILU (W has 2I rows).
 
@@ -180,7 +182,7 @@ def _norm_gemv_kernel(
     if HAS_NORM:
         rstd_rows = _rows_rstd(x_ptr, res_ptr, res_out_ptr, num_rows, K, stride_xm, stride_rm, eps, offs_m,
                                BLOCK_M, NORM_BLOCK_M, NORM_BLOCK_N, HAS_RESIDUAL, PARTIAL_RANK, PARTIAL_RANKS,
-                               partial_stride, abort_ptr)
+                               PARTIAL_PER_WORD, partial_stride, abort_ptr)
     dtype = y_ptr.dtype.element_ty
     num_blocks = tl.cdiv(N, BLOCK_N)
     for block in tl.range(tl.program_id(0), num_blocks, tl.num_programs(0)):
@@ -205,7 +207,8 @@ def _norm_gemv_kernel(
                 if HAS_NORM:
                     rstd = tl.sum(tl.where(offs_m == row, rstd_rows, 0.0), axis=0)
                     xm = _normed_chunk(x_ptr, res_ptr, norm_w_ptr, row, k, K, stride_xm, stride_rm, rstd,
-                                       HAS_RESIDUAL, PARTIAL_RANK, PARTIAL_RANKS, partial_stride, abort_ptr)
+                                       HAS_RESIDUAL, PARTIAL_RANK, PARTIAL_RANKS, PARTIAL_PER_WORD, partial_stride,
+                                       abort_ptr)
                 elif EVEN_K:
                     xm = tl.load(x_ptr + row * stride_xm + k).to(tl.float32)
                 else:
@@ -258,7 +261,7 @@ def _launch(x, residual, norm_weight, eps, weight, bias, silu: bool, config: Gem
     if partials is None:
         rows = _rows(x, k)
         num_rows, stride_xm, partial_stride = rows.shape[0], rows.stride(0), 0
-        abort, partial_rank, partial_ranks = weight, 0, 0  # not read without PARTIAL_RANKS
+        abort, partial_rank, partial_ranks, per_word = weight, 0, 0, 1  # not read without PARTIAL_RANKS
     else:
         target = partials.target
         if target.slots.dtype != WORD_DTYPE or target.slots.shape[2] * values_per_word(target.dtype) != k:
@@ -267,6 +270,7 @@ def _launch(x, residual, norm_weight, eps, weight, bias, silu: bool, config: Gem
         rows = target.slots[0]  # rank 0's slot; rank r's lies r * partial_stride words on
         num_rows, stride_xm, partial_stride = partials.num_rows, k, target.slots.stride(0)
         abort, partial_rank, partial_ranks = target.abort, target.rank, target.world_size
+        per_word = values_per_word(target.dtype)
     if num_rows > MAX_ROWS:
         raise ValueError(f"the fused GEMV takes at most {MAX_ROWS} rows, got {num_rows}: use the separate layers")
     n_out = n // 2 if silu else n
@@ -300,6 +304,7 @@ def _launch(x, residual, norm_weight, eps, weight, bias, silu: bool, config: Gem
         PREFETCH_LINES=prefetch_lines(config, k, weight.element_size(), pdl),
         num_warps=config.num_warps, num_stages=config.num_stages,
         USE_PDL=pdl, launch_pdl=pdl, PARTIAL_RANK=partial_rank, PARTIAL_RANKS=partial_ranks,
+        PARTIAL_PER_WORD=per_word,
     )
     return out, res_out
 

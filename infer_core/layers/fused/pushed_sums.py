@@ -39,6 +39,7 @@ import triton.language as tl
 from infer_core.interfaces import PushTarget
 from infer_core.layers.fused import use_pdl
 from infer_core.layers.fused.pdl import pdl_enter
+from infer_core.layers.partial_sums import values_per_word
 
 
 @triton.jit
@@ -48,14 +49,14 @@ def _round_of(words):
 
 @triton.jit
 def push_tile(acc, offs_m, first_col, num_rows, N, dest_ptrs, own_slot_ptr, VALUE_DTYPE: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RANKS: tl.constexpr):
+              VALUES_PER_WORD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RANKS: tl.constexpr):
     """Store ``acc [BLOCK_M, BLOCK_N]`` (rows ``offs_m``, columns ``first_col + arange(BLOCK_N)``), rounded to
-    ``VALUE_DTYPE``, as this round's words of this rank's ``[max_rows, N / values a word]`` slot on every rank.
+    ``VALUE_DTYPE``, as this round's words of this rank's ``[max_rows, N / VALUES_PER_WORD]`` slot on every rank.
 
     ``own_slot_ptr``: that slot here, where the round is read; ``dest_ptrs``: its address on each rank.
+    ``VALUES_PER_WORD`` (``values_per_word``) comes from the launcher: Triton 3.6 compiled both sides of a
+    branch on a width computed in the kernel.
     """
-    VALUES_PER_WORD: tl.constexpr = 32 // VALUE_DTYPE.primitive_bitwidth
-    WORD_COLS: tl.constexpr = BLOCK_N // VALUES_PER_WORD
     words_n = N // VALUES_PER_WORD
     first_word = first_col // VALUES_PER_WORD
     # the round of this program's first word (row 0): no other program of the launch writes it
@@ -65,10 +66,10 @@ def push_tile(acc, offs_m, first_col, num_rows, N, dest_ptrs, own_slot_ptr, VALU
         bits = values.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
     else:  # columns 2j and 2j + 1 share a word, 2j in the low half
         halves = values.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        low, high = tl.split(tl.reshape(halves, [BLOCK_M, WORD_COLS, 2]))
+        low, high = tl.split(tl.reshape(halves, [BLOCK_M, BLOCK_N // VALUES_PER_WORD, 2]))
         bits = (low | (high << 16)).to(tl.int64) & 0xFFFFFFFF
     words = bits | (round_ << 32)
-    word_cols = first_word + tl.arange(0, WORD_COLS)
+    word_cols = first_word + tl.arange(0, BLOCK_N // VALUES_PER_WORD)
     mask = (offs_m[:, None] < num_rows) & (word_cols[None, :] < words_n)
     offs = offs_m[:, None] * words_n + word_cols[None, :]
     for r in tl.static_range(RANKS):
@@ -77,53 +78,55 @@ def push_tile(acc, offs_m, first_col, num_rows, N, dest_ptrs, own_slot_ptr, VALU
 
 
 @triton.jit
-def _values(words, offs, VALUE_DTYPE: tl.constexpr):
+def _values(words, offs, VALUE_DTYPE: tl.constexpr, VALUES_PER_WORD: tl.constexpr):
     """The value at element offset ``offs`` in its word, as float32."""
-    if VALUE_DTYPE.primitive_bitwidth == 32:
-        return (words & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
-    half = ((words >> ((offs & 1) * 16)) & 0xFFFF).to(tl.int16)
-    return half.to(VALUE_DTYPE, bitcast=True).to(tl.float32)
+    if VALUES_PER_WORD == 1:
+        value = (words & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+    else:
+        half = ((words >> ((offs & 1) * 16)) & 0xFFFF).to(tl.int16)
+        value = half.to(VALUE_DTYPE, bitcast=True).to(tl.float32)
+    return value
 
 
 @triton.jit
 def load_summed(slots_ptr, slot_words, offs, mask, abort_ptr, RANK: tl.constexpr, RANKS: tl.constexpr,
-                VALUE_DTYPE: tl.constexpr, WAIT: tl.constexpr):
+                VALUE_DTYPE: tl.constexpr, VALUES_PER_WORD: tl.constexpr, WAIT: tl.constexpr):
     """The ranks' partial sums at element offsets ``offs`` of a slot, added in rank order and rounded to
     ``VALUE_DTYPE``, as float32. ``slots_ptr``: rank 0's slot here, rank r's ``r * slot_words`` words on.
 
     ``WAIT``: first wait until every other rank's words there carry this round (the first read of the
     site in a kernel); later reads of the same words in the kernel need not.
     """
-    VALUES_PER_WORD: tl.constexpr = 32 // VALUE_DTYPE.primitive_bitwidth
     word_offs = offs // VALUES_PER_WORD
     if WAIT:
         round_ = _round_of(tl.load(slots_ptr + RANK * slot_words, cache_modifier=".cg"))
     for r in tl.static_range(RANKS):
         ptrs = slots_ptr + r * slot_words + word_offs
         if WAIT and r != RANK:
-            words = tl.load(ptrs, mask=mask, other=0, volatile=True)
-            missing = mask & (_round_of(words) != round_)
-            while (tl.sum(missing.to(tl.int32)) > 0) & (tl.load(abort_ptr, volatile=True) == 0):
+            # the loop carries a count, not the words (a loop carrying them crashed Triton 3.6's layout pass)
+            missing = 1
+            while (missing > 0) & (tl.load(abort_ptr, volatile=True) == 0):
                 words = tl.load(ptrs, mask=mask, other=0, volatile=True)
-                missing = mask & (_round_of(words) != round_)
+                missing = tl.sum((mask & (_round_of(words) != round_)).to(tl.int32))
+            words = tl.load(ptrs, mask=mask, other=0, volatile=True)
         else:  # words that arrived before (a kernel starts with L1 clean of this round's addresses)
             words = tl.load(ptrs, mask=mask, other=0)
         if r == 0:
-            acc = _values(words, offs, VALUE_DTYPE)
+            acc = _values(words, offs, VALUE_DTYPE, VALUES_PER_WORD)
         else:
-            acc += _values(words, offs, VALUE_DTYPE)
+            acc += _values(words, offs, VALUE_DTYPE, VALUES_PER_WORD)
     return acc.to(VALUE_DTYPE).to(tl.float32)
 
 
 @triton.jit(do_not_specialize=["num_rows"])
-def _sum_kernel(slots_ptr, abort_ptr, out_ptr, num_rows, N, slot_words,
-                RANK: tl.constexpr, RANKS: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+def _sum_kernel(slots_ptr, abort_ptr, out_ptr, num_rows, N, slot_words, RANK: tl.constexpr, RANKS: tl.constexpr,
+                VALUES_PER_WORD: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     """``out[m, :] = sum over ranks of slot r's values [m, :]`` once every rank has pushed them."""
     pdl_enter(USE_PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < num_rows * N
     dtype = out_ptr.dtype.element_ty
-    summed = load_summed(slots_ptr, slot_words, offs, mask, abort_ptr, RANK, RANKS, dtype, True)
+    summed = load_summed(slots_ptr, slot_words, offs, mask, abort_ptr, RANK, RANKS, dtype, VALUES_PER_WORD, True)
     tl.store(out_ptr + offs, summed.to(dtype), mask=mask)
 
 
@@ -139,6 +142,7 @@ def sum_pushed(target: PushTarget, num_rows: int) -> torch.Tensor:
     pdl = use_pdl(out)
     _sum_kernel[(triton.cdiv(num_rows * n, SUM_BLOCK),)](
         target.slots, target.abort, out, num_rows, n, target.slots[0].numel(),
-        RANK=target.rank, RANKS=target.world_size, BLOCK=SUM_BLOCK, USE_PDL=pdl, launch_pdl=pdl,
+        RANK=target.rank, RANKS=target.world_size, VALUES_PER_WORD=values_per_word(target.dtype), BLOCK=SUM_BLOCK,
+        USE_PDL=pdl, launch_pdl=pdl,
     )
     return out
