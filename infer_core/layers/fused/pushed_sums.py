@@ -109,8 +109,8 @@ def load_summed(slots_ptr, slot_words, offs, mask, abort_ptr, RANK: tl.constexpr
                 words = tl.load(ptrs, mask=mask, other=0, volatile=True)
                 missing = tl.sum((mask & (_round_of(words) != round_)).to(tl.int32))
             words = tl.load(ptrs, mask=mask, other=0, volatile=True)
-        else:  # words that arrived before (a kernel starts with L1 clean of this round's addresses)
-            words = tl.load(ptrs, mask=mask, other=0)
+        else:  # L2 only: no acquire cleans L1 of the last round's words (on two H200s plain loads read stale ones)
+            words = tl.load(ptrs, mask=mask, other=0, cache_modifier=".cg")
         if r == 0:
             acc = _values(words, offs, VALUE_DTYPE, VALUES_PER_WORD)
         else:
