@@ -37,7 +37,7 @@ import triton.language as tl
 
 from infer_core.interfaces import PushTarget
 from infer_core.layers.fused import use_pdl
-from infer_core.layers.fused.pdl import pdl_enter, pdl_wait
+from infer_core.layers.fused.pdl import pdl_enter
 from infer_core.layers.fused.pushed_sums import push_tile
 from infer_core.layers.fused.rms_norm import MAX_SINGLE_PASS
 from infer_core.layers.fused.rms_norm import _tiles as norm_tiles
@@ -147,10 +147,7 @@ def _gemv_kernel(
         w_first = load_w_tile(w_ptrs, offs_k, K, EVEN_K)
     if PREFETCH_LINES > 0:  # several steps: the first ones' W streams into L2 meanwhile
         prefetch_w_to_l2(w_ptr, w_rows, K, PREFETCH_LINES)
-    if PUSH_RANKS > 0:
-        pdl_wait(USE_PDL)  # before any other load or store; the reader comes in as programs end
-    else:
-        pdl_enter(USE_PDL)  # before any other load or store: see fused/pdl.py
+    pdl_enter(USE_PDL)  # before any other load or store: see fused/pdl.py
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     # an explicit loop stage count lets Triton pipeline loads that feed no dot (cp.async into shared memory)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):

@@ -25,13 +25,3 @@ def pdl_enter(USE_PDL: tl.constexpr):
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
 
-
-@triton.jit
-def pdl_wait(USE_PDL: tl.constexpr):
-    """Wait for the kernel before this one, and let the kernel after this one in only as this program ends.
-
-    For a kernel whose reader waits on other GPUs anyway (the GEMV that pushes partial sums): the reader's
-    programs, scheduled early, would hold SM slots the later waves of this kernel need.
-    """
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()

@@ -28,6 +28,12 @@ of site s - 1 of the next round, which wait for every rank, each of which read s
 
 Sums are in float32 in rank order 0, 1, ... and rounded once to the dtype, on every rank the same
 bits; with two ranks the correctly rounded a + b, NCCL's sum.
+
+Measured (two H200s, Qwen3-8B batch-1 decode, ``python -m benchmarks.tp``): 3.684 ms a step against
+3.497 with the one-shot all-reduce (two calls on one machine, tree a1a4977); the flag version had
+3.765 against 3.496. Letting the reader in only as the pushing GEMV's programs end (no early PDL
+launch) made it 3.771. Still slower, so still off by default (``enable_pushed_partial_sums``); where
+the time goes is open (the profiler shows both kernels longer, but PDL launches overlap).
 """
 
 from __future__ import annotations
@@ -109,7 +115,7 @@ def load_summed(slots_ptr, slot_words, offs, mask, abort_ptr, RANK: tl.constexpr
                 words = tl.load(ptrs, mask=mask, other=0, volatile=True)
                 missing = tl.sum((mask & (_round_of(words) != round_)).to(tl.int32))
             words = tl.load(ptrs, mask=mask, other=0, volatile=True)
-        else:  # L2 only: no acquire cleans L1 of the last round's words (on two H200s plain loads read stale ones)
+        else:  # L2 only: with no acquire, nothing keeps L1 from holding an older round's line of these words
             words = tl.load(ptrs, mask=mask, other=0, cache_modifier=".cg")
         if r == 0:
             acc = _values(words, offs, VALUE_DTYPE, VALUES_PER_WORD)

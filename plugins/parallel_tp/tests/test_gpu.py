@@ -136,7 +136,8 @@ def test_pushed_partial_sums_give_the_all_reduce_bits(tiny_checkpoint, assert_no
     step's logits are the same bits as with every all-reduce through NCCL (graphs captured both ways)."""
     folder = tiny_checkpoint("qwen3")
     ref_tokens, ref_logits, ref_account = _one_request_at_a_time(folder, enable_symm_mem_all_reduce=False)
-    tokens, logits, account = _one_request_at_a_time(folder, enable_symm_mem_all_reduce=True)
+    tokens, logits, account = _one_request_at_a_time(folder, enable_symm_mem_all_reduce=True,
+                                                     enable_pushed_partial_sums=True)  # off by default
     assert ref_account["num_pushed"] == 0
     assert account["num_pushed"] > 0 and "push their partial sums" in account["path"], account
     assert tokens == ref_tokens
