@@ -115,8 +115,8 @@ def load_summed(slots_ptr, slot_words, offs, mask, abort_ptr, RANK: tl.constexpr
                 words = tl.load(ptrs, mask=mask, other=0, volatile=True)
                 missing = tl.sum((mask & (_round_of(words) != round_)).to(tl.int32))
             words = tl.load(ptrs, mask=mask, other=0, volatile=True)
-        else:  # L2 only: with no acquire, nothing keeps L1 from holding an older round's line of these words
-            words = tl.load(ptrs, mask=mask, other=0, cache_modifier=".cg")
+        else:  # cached: a kernel starts with L1 clean, and no line of these words is loaded before the wait
+            words = tl.load(ptrs, mask=mask, other=0)
         if r == 0:
             acc = _values(words, offs, VALUE_DTYPE, VALUES_PER_WORD)
         else:
