@@ -30,10 +30,11 @@ Sums are in float32 in rank order 0, 1, ... and rounded once to the dtype, on ev
 bits; with two ranks the correctly rounded a + b, NCCL's sum.
 
 Measured (two H200s, Qwen3-8B batch-1 decode, ``python -m benchmarks.tp``): 3.684 ms a step against
-3.497 with the one-shot all-reduce (two calls on one machine, tree a1a4977); the flag version had
-3.765 against 3.496. Letting the reader in only as the pushing GEMV's programs end (no early PDL
-launch) made it 3.771. Still slower, so still off by default (``enable_pushed_partial_sums``); where
-the time goes is open (the profiler shows both kernels longer, but PDL launches overlap).
+3.497 with the one-shot all-reduce (two calls on one machine, tree a1a4977), 3.695 on d99a3c1; the
+flag version had 3.765 against 3.496. Letting the reader in only as the pushing GEMV's programs end
+(no early PDL launch) made it 3.771; the reader's later loads of the words L2-only (``.cg``), 4.041.
+Still slower, so still off by default (``enable_pushed_partial_sums``); where the time goes is open
+(the profiler shows both kernels longer, but PDL launches overlap).
 """
 
 from __future__ import annotations
