@@ -26,6 +26,16 @@ def values_per_word(dtype: torch.dtype) -> int:
     return 4 // dtype.itemsize
 
 
+def checked_values_per_word(target: PushTarget) -> int:
+    """``values_per_word`` of the target's dtype, once its slots are int64 words holding ``target.n`` values a row."""
+    per_word = values_per_word(target.dtype)
+    if target.slots.dtype != WORD_DTYPE or target.slots.dim() != 3 or target.slots.shape[2] * per_word != target.n:
+        raise ValueError(f"push target slots {tuple(target.slots.shape)} {target.slots.dtype} do not hold "
+                         f"{target.n} {target.dtype} values a row: they must be int64 [world, rows, "
+                         f"{target.n // per_word}]")
+    return per_word
+
+
 @dataclass(frozen=True, slots=True)
 class PartialSums:
     """``[*shape]`` = sum over ranks of the values in ``target.slots[r, :num_rows]``, once every rank has pushed."""

@@ -41,7 +41,7 @@ from infer_core.layers.fused.pdl import pdl_enter
 from infer_core.layers.fused.pushed_sums import push_tile
 from infer_core.layers.fused.rms_norm import MAX_SINGLE_PASS
 from infer_core.layers.fused.rms_norm import _tiles as norm_tiles
-from infer_core.layers.partial_sums import WORD_DTYPE, values_per_word
+from infer_core.layers.partial_sums import checked_values_per_word, values_per_word
 
 LARGE_K = 4096  # from this K on, the large-K tiles of choose_config
 LARGE_K_TILE = 16384  # elements of W a program loads per K step there (32 KiB of bf16)
@@ -341,8 +341,8 @@ def gemv_push(x: torch.Tensor, weight: torch.Tensor, target: PushTarget, *, conf
     if k == 0:
         raise ValueError("gemv_push needs K >= 1")
     cfg = config or choose_config(n, k, x.element_size(), num_sms(x.device))
-    per_word = values_per_word(x.dtype)
-    if cfg.block_n % per_word or target.slots.dtype != WORD_DTYPE or target.slots.shape[2] * per_word != n:
-        raise ValueError(f"{per_word} {x.dtype} values a word: the slots must be int64 [.., {n // per_word}] "
-                         f"and the tiles {per_word} columns wide or more, not {cfg.block_n}")
+    per_word = checked_values_per_word(target)
+    if cfg.block_n % per_word:
+        raise ValueError(f"{per_word} {x.dtype} values a word: the tiles must be {per_word} columns wide or more, "
+                         f"not {cfg.block_n}")
     _launch(rows, weight, None, target.slots[target.rank], cfg, target)

@@ -52,7 +52,7 @@ from infer_core.layers.fused.pdl import pdl_enter
 from infer_core.layers.fused.pushed_sums import load_summed
 from infer_core.layers.fused.rms_norm import MAX_SINGLE_PASS, _load_row_chunk
 from infer_core.layers.fused.rms_norm import _tiles as norm_tiles
-from infer_core.layers.partial_sums import WORD_DTYPE, PartialSums, values_per_word
+from infer_core.layers.partial_sums import PartialSums, checked_values_per_word
 
 
 @triton.jit
@@ -264,13 +264,12 @@ def _launch(x, residual, norm_weight, eps, weight, bias, silu: bool, config: Gem
         abort, partial_rank, partial_ranks, per_word = weight, 0, 0, 1  # not read without PARTIAL_RANKS
     else:
         target = partials.target
-        if target.slots.dtype != WORD_DTYPE or target.slots.shape[2] * values_per_word(target.dtype) != k:
-            raise ValueError(f"push target slots {tuple(target.slots.shape)} {target.slots.dtype} do not hold "
-                             f"{k} {target.dtype} values a row")
+        if target.n != k:
+            raise ValueError(f"pushed partial sums of {target.n} values a row do not fit x's {k}")
+        per_word = checked_values_per_word(target)
         rows = target.slots[0]  # rank 0's slot; rank r's lies r * partial_stride words on
         num_rows, stride_xm, partial_stride = partials.num_rows, k, target.slots.stride(0)
         abort, partial_rank, partial_ranks = target.abort, target.rank, target.world_size
-        per_word = values_per_word(target.dtype)
     if num_rows > MAX_ROWS:
         raise ValueError(f"the fused GEMV takes at most {MAX_ROWS} rows, got {num_rows}: use the separate layers")
     n_out = n // 2 if silu else n
