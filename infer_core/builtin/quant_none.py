@@ -13,7 +13,6 @@ from infer_core.layers.fused.dense import dense_linear, use_gemv
 class UnquantizedLinearMethod(LinearMethod):
     def __init__(self) -> None:
         self.impl = fused.GEMV  # read when the layer is built, like the other fused ops; set it per instance
-        self.gemm_impl = fused.GEMM  # the same, for large decode batches (fused/dense.py's use_gemm)
         # Set by the model where an RMSNorm's output is this layer's input (qkv, gate_up: see
         # layers/fused/gemv_fusion.py): the GEMV then runs with the tiles it has fused with that norm.
         self.after_rms_norm = False
@@ -36,8 +35,8 @@ class UnquantizedLinearMethod(LinearMethod):
         gemv_push(x, layer.weight, target)
 
     def apply(self, layer, x, bias):
-        return dense_linear(x, layer.weight, bias, self.impl, gemm_impl=self.gemm_impl,
-                            after_rms_norm=self.after_rms_norm, off_cuda=self.force_triton)
+        return dense_linear(x, layer.weight, bias, self.impl, after_rms_norm=self.after_rms_norm,
+                            off_cuda=self.force_triton)
 
 
 class NoQuantizer(Quantizer):

@@ -61,7 +61,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # the dense layers' matmul (Triton GEMV at decode sizes, 1.07-1.11x cuBLAS here on an H100); this
         # rank's vocabulary slice, tied to the embedding or not
-        logits = dense_linear(hidden, self.weight, None, fused.GEMV, gemm_impl=fused.GEMM)
+        logits = dense_linear(hidden, self.weight, None, fused.GEMV)
         if self.parallel.world_size > 1:
             logits = self.parallel.communicator.all_gather(logits, dim=-1)
         return logits[..., : self.vocab_size]

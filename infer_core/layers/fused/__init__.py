@@ -30,16 +30,13 @@ QK_NORM_ROPE = FusedImpl.TRITON
 # The dense linear layers' and the LM head's matmul at decode sizes (builtin/quant_none.py's GEMV_MAX_ROWS):
 # TORCH is F.linear (cuBLAS); TRITON is fused/gemv.py, 1.11-1.16x cuBLAS at 1-2 rows on an H100 (benchmarks/gemv.py).
 GEMV = FusedImpl.TRITON
-# The same matmuls at large decode batches (dense.py's GEMM_MIN_ROWS..GEMM_MAX_ROWS): TORCH is F.linear (cuBLAS);
-# TRITON is fused/gemm.py, tensor-core tiles that fill the SMs (benchmarks/gemm.py).
-GEMM = FusedImpl.TRITON
 
 # Programmatic dependent launch (Hopper and newer): our decode-path kernels let the next kernel's programs
 # start while they drain, and wait (griddepcontrol.wait) before touching memory. The runner sets it from the
 # ``pdl`` setting (INFER_PDL=false turns it off).
 PDL = True
 
-OPS = ("rms_norm", "rotary", "silu_and_mul", "qk_norm_rope", "gemv", "gemm")
+OPS = ("rms_norm", "rotary", "silu_and_mul", "qk_norm_rope", "gemv")
 
 
 @functools.cache

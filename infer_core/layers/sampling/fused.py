@@ -20,7 +20,6 @@ import triton
 
 from infer_core.layers.sampling.kernels import argmax_kernel, count_ties_kernel, sample_kernel
 from infer_core.layers.sampling.philox import SMALL_V, seed_key
-from infer_core.layers.split_counters import SplitCounters
 from infer_core.sampling_params import MIN_SAMPLING_TEMPERATURE
 
 NUM_WARPS = 8
@@ -64,7 +63,28 @@ def row_counts_per_plan(max_num_rows: int, vocab_size: int, device: torch.device
     return sorted(firsts.values())
 
 
-_COUNTERS = SplitCounters("sampler")  # scratch memory, like a library workspace: no configuration lives here
+class _SplitCounters:
+    """Per (device, stream): int32 counters, zero between launches (each row's last program resets its own)."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[tuple, torch.Tensor] = {}
+
+    def get(self, device: torch.device, num_rows: int) -> torch.Tensor:
+        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+        key = (device.type, device.index, stream)
+        buffer = self.buffers.get(key)
+        if buffer is None or buffer.numel() < num_rows:
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                # zeros allocated in a capture are zeroed only when that graph replays: another graph using
+                # them first would read garbage counters. Run the kernel once on this stream before capturing.
+                raise RuntimeError("the sampler's split counters for this stream must exist before a CUDA graph "
+                                   "capture: launch the kernel once on the capture stream first")
+            size = max(num_rows, 256, 0 if buffer is None else 2 * buffer.numel())
+            buffer = self.buffers[key] = torch.zeros(size, dtype=torch.int32, device=device)
+        return buffer
+
+
+_COUNTERS = _SplitCounters()  # scratch memory, like a library workspace: no configuration lives here
 
 
 def generator_base(generator: torch.Generator | None, device: torch.device) -> tuple[int, int]:
