@@ -85,15 +85,18 @@ class Projection:
     per_step: int  # calls in one decode step (layers, or 1 for the LM head)
 
 
-def projections(model: str) -> list[Projection]:
+def projections(model: str, tensor_parallel: int = 1) -> list[Projection]:
+    """The model's projections as one rank of ``tensor_parallel`` holds them (the Megatron split of
+    ``layers/linear.py``: qkv, gate_up and the LM head by output rows, o and down by input features)."""
     c = load_model_config(CONFIGS / model)
-    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    tp = tensor_parallel
+    q, kv = c.num_heads * c.head_dim // tp, max(1, c.num_kv_heads // tp) * c.head_dim
     L = c.num_layers
     return [Projection(model, "qkv", q + 2 * kv, c.hidden_size, c.qkv_bias, L),
             Projection(model, "o", c.hidden_size, q, c.o_bias, L),
-            Projection(model, "gate_up", 2 * c.intermediate_size, c.hidden_size, c.mlp_bias, L),
-            Projection(model, "down", c.hidden_size, c.intermediate_size, c.mlp_bias, L),
-            Projection(model, "lm_head", c.vocab_size, c.hidden_size, False, 1)]
+            Projection(model, "gate_up", 2 * c.intermediate_size // tp, c.hidden_size, c.mlp_bias, L),
+            Projection(model, "down", c.hidden_size, c.intermediate_size // tp, c.mlp_bias, L),
+            Projection(model, "lm_head", c.vocab_size // tp, c.hidden_size, False, 1)]
 
 
 def sweep_configs(n: int, k: int) -> list[GemvConfig]:
@@ -186,7 +189,7 @@ def main_fused(args, copy_bw: float, num_sms: int) -> None:
     print(f"{header}\n{'-' * len(header)}")
     results, saved = [], {}
     for model in args.models:
-        for proj in projections(model):
+        for proj in projections(model, args.tensor_parallel):
             if proj.name not in ("qkv", "gate_up"):
                 continue
             chain_name = "input-norm+qkv" if proj.name == "qkv" else "post-norm+gate_up+silu"
@@ -239,6 +242,8 @@ def main() -> None:
     parser.add_argument("--norm-variants", nargs="+", default=None,
                         help="--step: also time the fused chains' tiles at ppsmN (persistent, N programs an SM; "
                              "ppsm0: a program a block), e.g. ppsm0 ppsm1 ppsm4")
+    parser.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                        help="time the shapes one rank of N holds (default 1: the whole matrices)")
     parser.add_argument("--reps", type=int, default=50, help="graph replays per --step figure (the median is kept)")
     parser.add_argument("--no-pdl", action="store_true",
                         help="launch without programmatic dependent launch (--step times both anyway)")
@@ -272,7 +277,7 @@ def main() -> None:
     print(f"{header}\n{'-' * len(header)}")
     results, totals = [], {}
     for model in args.models:
-        for proj in projections(model):
+        for proj in projections(model, args.tensor_parallel):
             for num_rows in args.rows:
                 cell = Cell(proj, num_rows)
                 cfg = choose_config(proj.n, proj.k, 2, num_sms)
@@ -319,6 +324,7 @@ def main() -> None:
                             "f_linear_us": round(f_lin, 1), "triton_gemv_us": round(ours, 1),
                             "floor_us": round(floor, 1)})
     settings = {"dtype": "bfloat16", "rows": args.rows, "models": args.models, "num_sms": num_sms,
+                "tensor_parallel": args.tensor_parallel,
                 "copy_bandwidth_gb_s": round(copy_bw / GB, 1), "gemv_default": fused.GEMV.value,
                 "gemv_max_rows": GEMV_MAX_ROWS, "pdl": pdl, "prefetch_steps": args.prefetch_steps,
                 "timing": "time_us: CUDA-graph replay of C back-to-back calls on C distinct W copies (>= 64 MiB), "
