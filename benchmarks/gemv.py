@@ -56,6 +56,7 @@ from benchmarks.attention import bench_ms, copy_bandwidth, graph_ms
 from benchmarks.common import versions, write_result
 from benchmarks.fused_ops import max_ulps
 from infer_core.layers import fused
+from infer_core.layers.embedding import vocab_rows_per_rank
 from infer_core.layers.fused import use_pdl
 from infer_core.layers.fused.dense import GEMV_MAX_ROWS
 from infer_core.layers.fused.gemv import GemvConfig, choose_config, config_after_rms_norm, gemv
@@ -96,7 +97,7 @@ def projections(model: str, tensor_parallel: int = 1) -> list[Projection]:
             Projection(model, "o", c.hidden_size, q, c.o_bias, L),
             Projection(model, "gate_up", 2 * c.intermediate_size // tp, c.hidden_size, c.mlp_bias, L),
             Projection(model, "down", c.hidden_size, c.intermediate_size // tp, c.mlp_bias, L),
-            Projection(model, "lm_head", c.vocab_size // tp, c.hidden_size, False, 1)]
+            Projection(model, "lm_head", vocab_rows_per_rank(c.vocab_size, tp), c.hidden_size, False, 1)]
 
 
 def sweep_configs(n: int, k: int) -> list[GemvConfig]:

@@ -17,15 +17,18 @@ from infer_core.layers.fused.dense import dense_linear
 PAD_MULTIPLE = 64
 
 
+def vocab_rows_per_rank(vocab_size: int, world_size: int) -> int:
+    """Rows of the embedding and LM head one rank holds: the vocabulary padded to 64 per rank, split evenly."""
+    multiple = PAD_MULTIPLE * world_size if world_size > 1 else 1
+    return -(-vocab_size // multiple) * multiple // world_size
+
+
 class VocabParallelEmbedding(nn.Module):
     def __init__(self, vocab_size: int, hidden_size: int, *, parallel: ParallelContext, dtype: torch.dtype) -> None:
         super().__init__()
         self.vocab_size = vocab_size
         self.parallel = parallel
-        world = parallel.world_size
-        multiple = PAD_MULTIPLE * world if world > 1 else 1
-        padded = -(-vocab_size // multiple) * multiple
-        self.num_per_rank = padded // world
+        self.num_per_rank = vocab_rows_per_rank(vocab_size, parallel.world_size)
         self.vocab_start = parallel.rank * self.num_per_rank
         self.vocab_end = min(self.vocab_start + self.num_per_rank, vocab_size)
         self.weight = nn.Parameter(torch.empty(self.num_per_rank, hidden_size, dtype=dtype), requires_grad=False)
