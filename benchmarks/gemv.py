@@ -252,6 +252,10 @@ def main() -> None:
     if not args.models:
         args.models = ["Qwen3-8B"] if args.step else list(FUSED_MODELS if args.fused else MODELS)
     args.rows = args.rows or list((1, 2) if args.fused or args.step else ROWS)
+    if args.tensor_parallel < 1:
+        parser.error(f"--tensor-parallel must be 1 or more, got {args.tensor_parallel}")
+    if args.step and args.tensor_parallel != 1:
+        parser.error("--step times whole matrices only: leave out --tensor-parallel")
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.gemv needs a CUDA device")
     fused.PDL = not args.no_pdl
