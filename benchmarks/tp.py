@@ -191,6 +191,7 @@ def run_one(args: argparse.Namespace) -> None:
     }
     settings["enable_symm_mem_all_reduce"] = not args.nccl_all_reduce  # the setting is off by default
     settings["enable_pushed_partial_sums"] = not args.no_push
+    settings["pushed_partial_sums_mode"] = args.push_mode
     if args.attention:
         settings["attention"] = args.attention
     if args.tiny:
@@ -311,6 +312,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with symmetric memory, the one-shot all-reduce at decode sizes too (enable_pushed_partial_sums=False)",
     )
+    parser.add_argument(
+        "--push-mode",
+        choices=("fused", "sum", "all_reduce"),
+        default="fused",
+        help="who adds the pushed partial sums (pushed_partial_sums_mode)",
+    )
     parser.add_argument("--attention", default=None, help="attention backend of both sizes (default: the engine picks)")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--dtype", default="bfloat16", help=argparse.SUPPRESS)
@@ -368,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         "fp32_reference": args.fp32_reference,
         "symm_mem_all_reduce": not args.nccl_all_reduce,
         "pushed_partial_sums": not (args.nccl_all_reduce or args.no_push),
+        "pushed_partial_sums_mode": args.push_mode,
         "attention": args.attention or "engine default",
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],

@@ -211,8 +211,9 @@ class RowParallelLinear(LinearBase):
             out = out + self.bias
         return out
 
-    def _push(self, x: torch.Tensor) -> PartialSums | None:
-        """This rank's partial sums pushed by the method's GEMV (``apply_pushed``), or None where it cannot."""
+    def _push(self, x: torch.Tensor) -> torch.Tensor | PartialSums | None:
+        """This rank's partial sums pushed by the method's GEMV (``apply_pushed``), summed as the target's mode
+        says, or None where it cannot."""
         apply_pushed = getattr(self.method, "apply_pushed", None)
         if apply_pushed is None or x.dim() != 2 or not self.method.uses_gemv(self, x):
             return None
@@ -220,5 +221,10 @@ class RowParallelLinear(LinearBase):
         target = self.parallel.communicator.push_target(self.prefix, x.shape[0], n, x.dtype)
         if target is None:
             return None
+        if target.mode == "all_reduce":
+            from infer_core.layers.fused.pushed_sums import all_reduce_pushed
+
+            return all_reduce_pushed(self.method.apply(self, x, None), target)
         apply_pushed(self, x, target)
-        return PartialSums(target, (x.shape[0], n))
+        pushed = PartialSums(target, (x.shape[0], n))
+        return pushed.sum() if target.mode == "sum" else pushed

@@ -46,7 +46,7 @@ import triton.language as tl
 from infer_core.interfaces import PushTarget
 from infer_core.layers.fused import use_pdl
 from infer_core.layers.fused.pdl import pdl_enter
-from infer_core.layers.partial_sums import values_per_word
+from infer_core.layers.partial_sums import checked_values_per_word, values_per_word
 
 
 @triton.jit
@@ -62,7 +62,7 @@ def push_tile(acc, offs_m, first_col, num_rows, N, dest_ptrs, own_slot_ptr, VALU
 
     ``own_slot_ptr``: that slot here, where the round is read; ``dest_ptrs``: its address on each rank.
     ``VALUES_PER_WORD`` (``values_per_word``) comes from the launcher: Triton 3.6 compiled both sides of a
-    branch on a width computed in the kernel.
+    branch on a width computed in the kernel. Returns the round written.
     """
     words_n = N // VALUES_PER_WORD
     first_word = first_col // VALUES_PER_WORD
@@ -82,6 +82,17 @@ def push_tile(acc, offs_m, first_col, num_rows, N, dest_ptrs, own_slot_ptr, VALU
     for r in tl.static_range(RANKS):
         slot = tl.load(dest_ptrs + r).to(tl.pointer_type(tl.int64))
         tl.store(slot + offs, words, mask=mask)
+    return round_
+
+
+@triton.jit
+def _wait_for_round(ptrs, mask, round_, abort_ptr):
+    """Spin until every word at ``ptrs`` (where ``mask``) carries ``round_``, or ``abort`` is raised."""
+    # the loop carries a count, not the words (a loop carrying them crashed Triton 3.6's layout pass)
+    missing = 1
+    while (missing > 0) & (tl.load(abort_ptr, volatile=True) == 0):
+        words = tl.load(ptrs, mask=mask, other=0, volatile=True)
+        missing = tl.sum((mask & (_round_of(words) != round_)).to(tl.int32))
 
 
 @triton.jit
@@ -110,11 +121,7 @@ def load_summed(slots_ptr, slot_words, offs, mask, abort_ptr, RANK: tl.constexpr
     for r in tl.static_range(RANKS):
         ptrs = slots_ptr + r * slot_words + word_offs
         if WAIT and r != RANK:
-            # the loop carries a count, not the words (a loop carrying them crashed Triton 3.6's layout pass)
-            missing = 1
-            while (missing > 0) & (tl.load(abort_ptr, volatile=True) == 0):
-                words = tl.load(ptrs, mask=mask, other=0, volatile=True)
-                missing = tl.sum((mask & (_round_of(words) != round_)).to(tl.int32))
+            _wait_for_round(ptrs, mask, round_, abort_ptr)
             words = tl.load(ptrs, mask=mask, other=0, volatile=True)
         else:  # cached: a kernel starts with L1 clean, and no line of these words is loaded before the wait
             words = tl.load(ptrs, mask=mask, other=0)
@@ -153,3 +160,68 @@ def sum_pushed(target: PushTarget, num_rows: int) -> torch.Tensor:
         USE_PDL=pdl, launch_pdl=pdl,
     )
     return out
+
+
+@triton.jit(do_not_specialize=["num_rows"])
+def _all_reduce_kernel(x_ptr, out_ptr, slots_ptr, dest_ptrs, abort_ptr, num_rows, N, stride_xm, slot_words,
+                       RANK: tl.constexpr, RANKS: tl.constexpr, VALUES_PER_WORD: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr):
+    """``out = sum over ranks of x``: this program's columns of x pushed to every rank, then every rank's added.
+
+    The round comes from the program's own first word (``push_tile``), so no program waits on another's
+    store here; this rank's values are added from registers, not read back from its slot.
+    """
+    pdl_enter(USE_PDL)
+    offs_m = tl.arange(0, BLOCK_M)
+    first_col = tl.program_id(0) * BLOCK_N
+    cols = first_col + tl.arange(0, BLOCK_N)
+    mask = (offs_m < num_rows)[:, None] & (cols < N)[None, :]
+    dtype = out_ptr.dtype.element_ty
+    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    round_ = push_tile(x, offs_m, first_col, num_rows, N, dest_ptrs, slots_ptr + RANK * slot_words, dtype,
+                       VALUES_PER_WORD, BLOCK_M, BLOCK_N, RANKS)
+    offs = offs_m[:, None] * N + cols[None, :]  # of the values in a slot's [rows, N]
+    for r in tl.static_range(RANKS):
+        if r == RANK:
+            part = x
+        else:
+            ptrs = slots_ptr + r * slot_words + offs // VALUES_PER_WORD
+            _wait_for_round(ptrs, mask, round_, abort_ptr)
+            part = _values(tl.load(ptrs, mask=mask, other=0, volatile=True), offs, dtype, VALUES_PER_WORD)
+        if r == 0:
+            acc = part
+        else:
+            acc += part
+    tl.store(out_ptr + offs_m[:, None] * N + cols[None, :], acc.to(dtype), mask=mask)
+
+
+ALL_REDUCE_TILE = 1024  # values a program of _all_reduce_kernel pushes and adds: 4 programs for one 4096-wide row
+
+
+def all_reduce_pushed(x: torch.Tensor, target: PushTarget) -> torch.Tensor:
+    """The sum over the ranks of every rank's ``x`` ``[..., n]``, in a new tensor: one launch that pushes this
+    rank's values into its slot of ``target`` on every rank and adds every rank's once they carry the round.
+
+    An all-reduce with one trip over NVLink (the stores) and no flags, where the one-shot kernel signals,
+    loads from the peers and signals again. Any ``x`` the target fits (``max_rows`` rows of ``n``), so any
+    linear method's output; sums in float32, rank order, rounded once (two ranks: the correctly rounded a + b).
+    """
+    n = x.shape[-1]
+    rows = x.reshape(-1, n)
+    num_rows = rows.shape[0]
+    if x.dtype != target.dtype or n != target.n or not 0 < num_rows <= target.max_rows:
+        raise ValueError(f"push target of {target.max_rows} rows of {target.n} {target.dtype} cannot all-reduce "
+                         f"{num_rows} rows of {n} {x.dtype}")
+    per_word = checked_values_per_word(target)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)
+    block_m = triton.next_power_of_2(num_rows)
+    block_n = max(per_word, min(triton.next_power_of_2(n), ALL_REDUCE_TILE // block_m))
+    pdl = use_pdl(out)
+    _all_reduce_kernel[(triton.cdiv(n, block_n),)](
+        rows, out, target.slots, target.dest_ptrs, target.abort, num_rows, n, rows.stride(0), target.slots[0].numel(),
+        RANK=target.rank, RANKS=target.world_size, VALUES_PER_WORD=per_word, BLOCK_M=block_m, BLOCK_N=block_n,
+        USE_PDL=pdl, launch_pdl=pdl,
+    )
+    return out.view(x.shape)

@@ -131,15 +131,18 @@ def _one_request_at_a_time(folder, **settings):
         llm.shutdown()
 
 
-def test_pushed_partial_sums_give_the_all_reduce_bits(tiny_checkpoint, assert_no_workers_left):
-    """Two ranks' bfloat16 partial sums added by the reading kernel are NCCL's correctly rounded sums: every
-    step's logits are the same bits as with every all-reduce through NCCL (graphs captured both ways)."""
+@pytest.mark.parametrize("mode", ["fused", "sum", "all_reduce"])
+def test_pushed_partial_sums_give_the_all_reduce_bits(tiny_checkpoint, assert_no_workers_left, mode):
+    """Two ranks' bfloat16 partial sums added by the reading kernel (or pushed and added by one all-reduce
+    kernel) are NCCL's correctly rounded sums: every step's logits are the same bits as with every
+    all-reduce through NCCL (graphs captured both ways)."""
     folder = tiny_checkpoint("qwen3")
     ref_tokens, ref_logits, ref_account = _one_request_at_a_time(folder, enable_symm_mem_all_reduce=False)
     tokens, logits, account = _one_request_at_a_time(folder, enable_symm_mem_all_reduce=True,
-                                                     enable_pushed_partial_sums=True)  # off by default
+                                                     enable_pushed_partial_sums=True,  # off by default
+                                                     pushed_partial_sums_mode=mode)
     assert ref_account["num_pushed"] == 0
-    assert account["num_pushed"] > 0 and "push their partial sums" in account["path"], account
+    assert account["num_pushed"] > 0 and f"added by {mode}" in account["path"], account
     assert tokens == ref_tokens
     for got, expected in zip(logits, ref_logits):
         assert torch.equal(got, expected), float((got.float() - expected.float()).abs().max())
@@ -219,16 +222,19 @@ MID_STEP_KILL = textwrap.dedent(
     if __name__ == "__main__":
         faulthandler.dump_traceback_later(90, exit=True)  # a hang ends with every thread's stack on stderr
         path = sys.argv[2]
-        half = {"dtype": "bfloat16"} if path == "pushed" else {}  # the GEMV that pushes runs in half precision
+        pushed = path.startswith("pushed")
+        half = {"dtype": "bfloat16"} if pushed else {}  # the GEMV that pushes runs in half precision
+        mode = "all_reduce" if path == "pushed-all-reduce" else "fused"
         llm = LLM(sys.argv[1], device="cuda", tensor_parallel_size=2, gpu_memory_utilization=0.5,
-                  enable_symm_mem_all_reduce=path != "NCCL", enable_pushed_partial_sums=path == "pushed", **half)
+                  enable_symm_mem_all_reduce=path != "NCCL", enable_pushed_partial_sums=pushed,
+                  pushed_partial_sums_mode=mode, **half)
         (pid,) = llm.engine.executor.worker_pids
         print("PATH", llm.engine.executor.parallel.communicator.describe()["path"], flush=True)
         killed = []
         # 0.3 s into a generation of 1000 steps (a tiny model steps in ~1 ms): the kill lands mid-run
         threading.Timer(0.3, lambda: (os.kill(pid, signal.SIGKILL), killed.append(time.monotonic()))).start()
         params = SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True)
-        num_prompts = 1 if path == "pushed" else 32  # pushed: batch-1 decode, where the GEMV runs
+        num_prompts = 1 if pushed else 32  # pushed: batch-1 decode, where the GEMV runs
         try:
             llm.generate([[3 + i, 4, 5] for i in range(num_prompts)], params, use_tqdm=False)
             print("NO ERROR", "killed before the end" if killed else "finished before the kill", flush=True)
@@ -239,7 +245,7 @@ MID_STEP_KILL = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("path", ["NCCL", "one-shot", "pushed"])
+@pytest.mark.parametrize("path", ["NCCL", "one-shot", "pushed", "pushed-all-reduce"])
 def test_worker_killed_during_a_step_on_cuda(tiny_checkpoint, tmp_path, path):
     """With NCCL (the default), with the one-shot kernel, which NCCL's abort cannot stop, and with partial sums
     pushed (rank 0's readers wait for the dead rank's words until ``abort`` is raised).
@@ -266,5 +272,6 @@ def test_worker_killed_during_a_step_on_cuda(tiny_checkpoint, tmp_path, path):
     assert lines and lines[0].startswith("DEAD"), stdout[-2000:] + stderr[-3000:]
     assert float(lines[0].split()[1]) < 10, lines[0]
     # the path under test was in use (for one-shot: rank 0's kernels were released after the death)
-    expected_path = {"pushed": "push their partial sums"}.get(path, f"PATH {path}")
+    expected_path = {"pushed": "push their partial sums", "pushed-all-reduce": "added by all_reduce"}.get(
+        path, f"PATH {path}")
     assert expected_path in stdout, stdout[-2000:]

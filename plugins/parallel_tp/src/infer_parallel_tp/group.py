@@ -21,6 +21,7 @@ COLLECTIVE_TIMEOUT = timedelta(minutes=5)
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 SYMM_MEM_SETTING = "enable_symm_mem_all_reduce"
 PUSH_SETTING = "enable_pushed_partial_sums"
+PUSH_MODE_SETTING = "pushed_partial_sums_mode"
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,8 @@ def push_layout_for(config, world_size: int):
     from infer_parallel_tp.push_sites import PushLayout
 
     model = config.model
-    return PushLayout.for_model(model.num_layers, model.hidden_size, world_size, getattr(torch, config.dtype))
+    return PushLayout.for_model(model.num_layers, model.hidden_size, world_size, getattr(torch, config.dtype),
+                                mode=getattr(settings, PUSH_MODE_SETTING, "fused"))
 
 
 def join_group(placement: RankPlacement, store: dist.Store, *, enable_symm_mem: bool,

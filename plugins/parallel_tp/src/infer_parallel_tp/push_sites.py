@@ -43,6 +43,7 @@ class PushLayout:
     world_size: int
     dtype: torch.dtype
     max_rows: int = MAX_ROWS
+    mode: str = "fused"  # PushTarget.mode: who adds the pushed values
 
     @property
     def words_per_row(self) -> int:
@@ -54,11 +55,12 @@ class PushLayout:
         return _aligned(words * WORD_DTYPE.itemsize)
 
     @classmethod
-    def for_model(cls, num_layers: int, hidden_size: int, world_size: int, dtype: torch.dtype) -> PushLayout | None:
+    def for_model(cls, num_layers: int, hidden_size: int, world_size: int, dtype: torch.dtype,
+                  mode: str = "fused") -> PushLayout | None:
         """The layout for a decoder of ``num_layers`` layers; None where the GEMV never runs (float32)."""
         if dtype not in PUSH_DTYPES or world_size < 2 or hidden_size % values_per_word(dtype):
             return None
-        return cls(2 * num_layers, hidden_size, world_size, dtype)
+        return cls(2 * num_layers, hidden_size, world_size, dtype, mode=mode)
 
 
 class PushSites:
@@ -80,7 +82,8 @@ class PushSites:
         self.abort = torch.zeros(1, dtype=torch.int32, device=device)
         self.slots.zero_()
         self._targets: list[PushTarget] = [
-            PushTarget(rank, world, layout.dtype, layout.hidden_size, self.dest_ptrs[s], self.slots[s], self.abort)
+            PushTarget(rank, world, layout.dtype, layout.hidden_size, self.dest_ptrs[s], self.slots[s], self.abort,
+                       layout.mode)
             for s in range(sites)
         ]
         self._site_of: dict[str, int] = {}

@@ -211,7 +211,7 @@ class OneShotAllReduce:
             one_shot.push_sites.zeroed_everywhere()
             layout = one_shot.push_sites.layout
             path += (f"; row-parallel layers of up to {layout.max_rows} rows push their partial sums "
-                     f"({layout.num_sites} sites)")
+                     f"({layout.num_sites} sites, added by {layout.mode})")
         return one_shot, path
 
     @classmethod
