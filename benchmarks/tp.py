@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--push-mode",
         choices=("fused", "sum", "all_reduce"),
-        default="fused",
+        default="sum",
         help="who adds the pushed partial sums (pushed_partial_sums_mode)",
     )
     parser.add_argument("--attention", default=None, help="attention backend of both sizes (default: the engine picks)")

@@ -157,7 +157,7 @@ def install_plugin_package(root: str | Path, distribution: str, entry_point: str
     return root
 
 
-def local_push_targets(world_size: int, max_rows: int, n: int, dtype, device) -> list:
+def local_push_targets(world_size: int, max_rows: int, n: int, dtype, device, mode: str = "fused") -> list:
     """``PushTarget``s of ``world_size`` ranks simulated in one process (each rank's memory a tensor here).
 
     For tests of the pushed partial sums (``layers/fused/pushed_sums.py``) on one device or in the
@@ -173,6 +173,6 @@ def local_push_targets(world_size: int, max_rows: int, n: int, dtype, device) ->
     return [
         PushTarget(rank=rank, world_size=world_size, dtype=dtype, n=n,
                    dest_ptrs=torch.tensor([s[rank].data_ptr() for s in slots], dtype=torch.int64, device=device),
-                   slots=slots[rank], abort=torch.zeros(1, dtype=torch.int32, device=device))
+                   slots=slots[rank], abort=torch.zeros(1, dtype=torch.int32, device=device), mode=mode)
         for rank in range(world_size)
     ]

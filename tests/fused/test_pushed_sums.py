@@ -5,7 +5,8 @@ pushes before any rank reads, as the ranks cannot run at once in the interpreter
 the pushed sum is the all-reduce's (float32: exactly the torch sum of the plain GEMVs' outputs); the
 norm + GEMV that adds the partial sums in its prologue gives the bits of the same launch on the summed
 tensor; rounds repeat (each push writes its round into every word it stores, the reader waits for it); and a
-raised ``abort`` lets a reader through when a rank never pushes.
+raised ``abort`` lets a reader through when a rank never pushes. The all-reduce kernel (``all_reduce_pushed``)
+pushes a tensor itself and adds every rank's: its sum is the readers' on every rank, round after round.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from infer_core.interfaces import Communicator, ParallelContext
 from infer_core.layers.fused.gemv import gemv, gemv_push
 from infer_core.layers.fused.gemv_fusion import NormLinear
 from infer_core.layers.fused.norm_gemv import rms_norm_gemv
-from infer_core.layers.fused.pushed_sums import sum_pushed
+from infer_core.layers.fused.pushed_sums import all_reduce_pushed, sum_pushed
 from infer_core.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from infer_core.layers.norm import RMSNorm
 from infer_core.layers.partial_sums import PartialSums, reduced
@@ -130,6 +131,46 @@ def test_push_target_that_does_not_fit_is_refused(device):
         rms_norm_gemv(PartialSums(target, (1, N)), None, EPS, torch.randn(4, N, device=device))
 
 
+def _push_as_is(x, target):
+    """Push ``x`` itself as a rank's partial sums: the GEMV of x by the identity, exact in every dtype."""
+    gemv_push(x, torch.eye(x.shape[-1], dtype=x.dtype, device=x.device), target)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_all_reduce_kernel_adds_every_ranks_values(world, dtype, device):
+    """Each round one rank runs the all-reduce kernel (the others pushed first: the ranks are not concurrent
+    here); its result is the sum the other ranks' readers find, and in float32 the exact torch sum."""
+    targets = local_push_targets(world, MAX_ROWS, N, dtype, device)
+    gen = torch.Generator().manual_seed(world)
+    for round_, num_rows in enumerate((1, 3, 2, 1, MAX_ROWS), start=1):
+        xs = [torch.randn(num_rows, N, generator=gen).to(device, dtype) for _ in range(world)]
+        runner = round_ % world
+        for rank in range(world):
+            if rank != runner:
+                _push_as_is(xs[rank], targets[rank])
+        got = all_reduce_pushed(xs[runner], targets[runner])
+        assert got.shape == xs[runner].shape and got.dtype == dtype
+        for rank in range(world):
+            if rank != runner:  # the runner's push reached every rank with this round
+                assert torch.equal(sum_pushed(targets[rank], num_rows), got), (round_, rank)
+        assert _rounds(targets[runner], num_rows) == [round_]
+        if dtype == torch.float32:
+            assert torch.equal(got, sum(xs)), round_  # rank order, float32, one rounding: torch's sum
+
+
+def test_all_reduce_kernel_lets_through_on_abort_and_refuses_what_does_not_fit(device):
+    targets = local_push_targets(2, 2, N, torch.float32, device)
+    x = torch.randn(1, N, device=device)
+    targets[0].abort.fill_(1)
+    all_reduce_pushed(x, targets[0])  # rank 1 never pushes: returns (garbage) instead of waiting forever
+    assert _slot_rounds(targets[0]) == [[0, 1], [0]]
+    with pytest.raises(ValueError, match="cannot all-reduce 3 rows"):
+        all_reduce_pushed(torch.randn(3, N, device=device), targets[0])
+    with pytest.raises(ValueError, match="cannot all-reduce"):
+        all_reduce_pushed(torch.randn(1, N, device=device, dtype=torch.bfloat16), targets[0])
+
+
 class _PushingRank(Communicator):
     """One simulated rank whose row-parallel layers push into ``target``; any all-reduce is a test failure."""
 
@@ -189,3 +230,29 @@ def test_row_parallel_layer_pushes_and_the_norm_linear_after_it_adds(device, ass
         got, got_residual = norm_linear(partial, None)
         expected, _ = norm_linear(summed, None)
         assert torch.equal(got, expected) and torch.equal(got_residual, summed), rank
+
+
+@pytest.mark.parametrize("mode", ["sum", "all_reduce"])
+def test_row_parallel_layer_in_mode_returns_the_sum(mode, device, assert_close_to_reference):
+    """``sum`` and ``all_reduce`` modes: RowParallelLinear(defer_reduce=True) returns the all-reduced tensor.
+
+    Rank 1 pushes its partial sums first (the ranks are not concurrent here); rank 0's layer then pushes its
+    own (its GEMV, or the all-reduce kernel) and adds both, as rank 1's reader does.
+    """
+    world, num_rows, dtype, intermediate = 2, 1, torch.bfloat16, 2 * K_IN
+    targets = local_push_targets(world, MAX_ROWS, N, dtype, device, mode=mode)
+    gen = torch.Generator().manual_seed(9)
+    down_full = (torch.randn(N, intermediate, generator=gen) / intermediate**0.5).to(device, dtype)
+    x_full = torch.randn(num_rows, intermediate, generator=gen).to(device, dtype)
+    parts = [x_full[:, r * K_IN:(r + 1) * K_IN] for r in range(world)]
+    partials = [gemv(parts[r], down_full[:, r * K_IN:(r + 1) * K_IN]) for r in range(world)]
+    gemv_push(parts[1], down_full[:, K_IN:].contiguous(), targets[1])  # rank 1's layer, pushed already
+    parallel = ParallelContext(0, world, _PushingRank(0, world, targets[0]))
+    down = RowParallelLinear(intermediate, N, bias=False, method=UnquantizedLinearMethod(), parallel=parallel,
+                             dtype=dtype, prefix="layers.0.mlp.down_proj").to(device)
+    down.weight_loader(down.weight, down_full)
+    down.method.force_triton = True
+    got = down(parts[0], defer_reduce=True)
+    assert isinstance(got, torch.Tensor) and got.shape == (num_rows, N)
+    assert torch.equal(got, sum_pushed(targets[1], num_rows))  # rank 1 adds the same bits
+    assert_close_to_reference(got, (partials[0].float() + partials[1].float()).to(dtype), ulps=1)

@@ -6,6 +6,7 @@ with fewer than two.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -114,38 +115,62 @@ def test_tensor_parallel_decode_replays_cuda_graphs_like_eager(tiny_checkpoint, 
     assert_no_workers_left()
 
 
-def _one_request_at_a_time(folder, **settings):
-    """Tokens, per-step logits and rank 0's all-reduce account of prompts generated one at a time (batch-1
-    decode: the row-parallel GEMVs push their partial sums where the group set that up), CUDA graphs on."""
-    llm = LLM(str(folder), device="cuda", dtype="bfloat16", attention="triton", tensor_parallel_size=2,
-              max_model_len=1024, gpu_memory_utilization=0.5, **settings)
-    try:
-        tokens, logits = [], []
-        for prompt in _prompts(384, (5, 40, 97)):
-            with LogitsRecorder(llm.engine) as recorder:
-                (out,) = llm.generate([prompt], GREEDY, use_tqdm=False)
-            tokens.append(out.outputs[0].token_ids)
-            logits.append(torch.stack(recorder.logits[out.request_id]))
-        return tokens, logits, llm.engine.executor.parallel.communicator.describe()
-    finally:
-        llm.shutdown()
+# In a process of its own, one per mode: torch numbers its symmetric-memory rendezvous per process, so a
+# second tensor-parallel engine in a process whose first one used symmetric memory falls back to NCCL.
+PUSHED_BITS = textwrap.dedent(
+    """
+    import json, random, sys
+    import torch
+    from infer_core import LLM, SamplingParams
+    from infer_core.testing import LogitsRecorder
+
+    def one_request_at_a_time(folder, **settings):
+        # batch-1 decode (where the row-parallel GEMVs push their partial sums), CUDA graphs on
+        llm = LLM(folder, device="cuda", dtype="bfloat16", attention="triton", tensor_parallel_size=2,
+                  max_model_len=1024, gpu_memory_utilization=0.5, **settings)
+        try:
+            rng = random.Random(3)
+            tokens, logits = [], []
+            for n in (5, 40, 97):
+                prompt = [rng.randrange(3, 384) for _ in range(n)]
+                with LogitsRecorder(llm.engine) as recorder:
+                    (out,) = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+                                          use_tqdm=False)
+                tokens.append(out.outputs[0].token_ids)
+                logits.append(torch.stack(recorder.logits[out.request_id]))
+            return tokens, logits, llm.engine.executor.parallel.communicator.describe()
+        finally:
+            llm.shutdown()
+
+    if __name__ == "__main__":
+        folder, mode = sys.argv[1], sys.argv[2]
+        ref_tokens, ref_logits, ref_account = one_request_at_a_time(folder, enable_symm_mem_all_reduce=False)
+        tokens, logits, account = one_request_at_a_time(folder, enable_symm_mem_all_reduce=True,
+                                                        enable_pushed_partial_sums=True, pushed_partial_sums_mode=mode)
+        print("RESULT", json.dumps({
+            "ref_pushed": ref_account["num_pushed"], "pushed": account["num_pushed"], "path": account["path"],
+            "same_tokens": tokens == ref_tokens,
+            "max_abs_diff": max(float((a.float() - b.float()).abs().max()) for a, b in zip(logits, ref_logits)),
+            "same_bits": all(torch.equal(a, b) for a, b in zip(logits, ref_logits)),
+        }), flush=True)
+    """
+)
 
 
 @pytest.mark.parametrize("mode", ["fused", "sum", "all_reduce"])
-def test_pushed_partial_sums_give_the_all_reduce_bits(tiny_checkpoint, assert_no_workers_left, mode):
-    """Two ranks' bfloat16 partial sums added by the reading kernel (or pushed and added by one all-reduce
-    kernel) are NCCL's correctly rounded sums: every step's logits are the same bits as with every
-    all-reduce through NCCL (graphs captured both ways)."""
-    folder = tiny_checkpoint("qwen3")
-    ref_tokens, ref_logits, ref_account = _one_request_at_a_time(folder, enable_symm_mem_all_reduce=False)
-    tokens, logits, account = _one_request_at_a_time(folder, enable_symm_mem_all_reduce=True,
-                                                     enable_pushed_partial_sums=True,  # off by default
-                                                     pushed_partial_sums_mode=mode)
-    assert ref_account["num_pushed"] == 0
-    assert account["num_pushed"] > 0 and f"added by {mode}" in account["path"], account
-    assert tokens == ref_tokens
-    for got, expected in zip(logits, ref_logits):
-        assert torch.equal(got, expected), float((got.float() - expected.float()).abs().max())
+def test_pushed_partial_sums_give_the_all_reduce_bits(tiny_checkpoint, tmp_path, assert_no_workers_left, mode):
+    """Two ranks' bfloat16 partial sums, pushed and added in each mode, are NCCL's correctly rounded sums: every
+    step's logits are the same bits as with every all-reduce through NCCL (graphs captured both ways)."""
+    script = tmp_path / "pushed_bits.py"
+    script.write_text(PUSHED_BITS)
+    run = subprocess.run([sys.executable, str(script), str(tiny_checkpoint("qwen3")), mode], capture_output=True,
+                         text=True, timeout=300)
+    lines = [x for x in run.stdout.splitlines() if x.startswith("RESULT ")]
+    assert run.returncode == 0 and lines, run.stdout[-2000:] + run.stderr[-3000:]
+    result = json.loads(lines[0][len("RESULT "):])
+    assert result["ref_pushed"] == 0
+    assert result["pushed"] > 0 and f"added by {mode}" in result["path"], result
+    assert result["same_tokens"] and result["same_bits"], result
     assert_no_workers_left()
 
 
@@ -224,7 +249,7 @@ MID_STEP_KILL = textwrap.dedent(
         path = sys.argv[2]
         pushed = path.startswith("pushed")
         half = {"dtype": "bfloat16"} if pushed else {}  # the GEMV that pushes runs in half precision
-        mode = "all_reduce" if path == "pushed-all-reduce" else "fused"
+        mode = {"pushed-sum": "sum", "pushed-all-reduce": "all_reduce"}.get(path, "fused")
         llm = LLM(sys.argv[1], device="cuda", tensor_parallel_size=2, gpu_memory_utilization=0.5,
                   enable_symm_mem_all_reduce=path != "NCCL", enable_pushed_partial_sums=pushed,
                   pushed_partial_sums_mode=mode, **half)
@@ -245,7 +270,7 @@ MID_STEP_KILL = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("path", ["NCCL", "one-shot", "pushed", "pushed-all-reduce"])
+@pytest.mark.parametrize("path", ["NCCL", "one-shot", "pushed", "pushed-sum", "pushed-all-reduce"])
 def test_worker_killed_during_a_step_on_cuda(tiny_checkpoint, tmp_path, path):
     """With NCCL (the default), with the one-shot kernel, which NCCL's abort cannot stop, and with partial sums
     pushed (rank 0's readers wait for the dead rank's words until ``abort`` is raised).
@@ -272,6 +297,6 @@ def test_worker_killed_during_a_step_on_cuda(tiny_checkpoint, tmp_path, path):
     assert lines and lines[0].startswith("DEAD"), stdout[-2000:] + stderr[-3000:]
     assert float(lines[0].split()[1]) < 10, lines[0]
     # the path under test was in use (for one-shot: rank 0's kernels were released after the death)
-    expected_path = {"pushed": "push their partial sums", "pushed-all-reduce": "added by all_reduce"}.get(
-        path, f"PATH {path}")
+    expected_path = {"pushed": "added by fused", "pushed-sum": "added by sum",
+                     "pushed-all-reduce": "added by all_reduce"}.get(path, f"PATH {path}")
     assert expected_path in stdout, stdout[-2000:]

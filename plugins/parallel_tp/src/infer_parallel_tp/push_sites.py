@@ -43,7 +43,7 @@ class PushLayout:
     world_size: int
     dtype: torch.dtype
     max_rows: int = MAX_ROWS
-    mode: str = "fused"  # PushTarget.mode: who adds the pushed values
+    mode: str = "sum"  # PushTarget.mode: who adds the pushed values (the pushed_partial_sums_mode setting)
 
     @property
     def words_per_row(self) -> int:
@@ -56,7 +56,7 @@ class PushLayout:
 
     @classmethod
     def for_model(cls, num_layers: int, hidden_size: int, world_size: int, dtype: torch.dtype,
-                  mode: str = "fused") -> PushLayout | None:
+                  mode: str = "sum") -> PushLayout | None:
         """The layout for a decoder of ``num_layers`` layers; None where the GEMV never runs (float32)."""
         if dtype not in PUSH_DTYPES or world_size < 2 or hidden_size % values_per_word(dtype):
             return None
