@@ -20,10 +20,10 @@ class PushTarget:
 
     The layer's GEMV stores its ``[rows, n]`` partial sums into this rank's slot of the site on
     every rank (peer memory), each 64-bit word of a slot carrying 32 bits of values and the round of
-    the push; the kernel that reads the sum (the next norm + GEMV, or ``layers.partial_sums``'s sum)
+    the push; the kernel that reads the sum (``mode``: a small sum kernel, or the next norm + GEMV)
     waits until every rank's words carry the round and adds the slots itself
-    (``layers/fused/pushed_sums.py``). No all-reduce launch, and the reading kernel's weights stream in
-    meanwhile. All tensors are on this rank's device; ``dest_ptrs`` holds addresses other ranks mapped.
+    (``layers/fused/pushed_sums.py``): no all-reduce launch.
+    All tensors are on this rank's device; ``dest_ptrs`` holds addresses other ranks mapped.
     """
 
     rank: int

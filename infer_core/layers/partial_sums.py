@@ -1,10 +1,11 @@
 """A row-parallel layer's output before its all-reduce: every rank's partial sums, pushed here, not yet added.
 
 ``RowParallelLinear(x, defer_reduce=True)`` returns one where the communicator gives the layer a
-``PushTarget`` (tensor parallelism over symmetric memory, decode-sized batches) and a plain tensor
-elsewhere. The next norm + GEMV adds the partial sums in its own prologue
-(``fused/norm_gemv.py``); any other reader calls :func:`reduced`, one small kernel that waits for
-every rank and adds them (``fused/pushed_sums.py``). This module never imports triton.
+``PushTarget`` of mode ``fused`` (tensor parallelism over symmetric memory, decode-sized batches), and a
+plain tensor elsewhere (in modes ``sum`` and ``all_reduce`` the sum, added by a small kernel). The next
+norm + GEMV adds the partial sums in its own prologue (``fused/norm_gemv.py``); any other reader calls
+:func:`reduced`, one small kernel that waits for every rank and adds them (``fused/pushed_sums.py``).
+This module never imports triton.
 """
 
 from __future__ import annotations

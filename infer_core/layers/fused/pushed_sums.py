@@ -29,12 +29,12 @@ of site s - 1 of the next round, which wait for every rank, each of which read s
 Sums are in float32 in rank order 0, 1, ... and rounded once to the dtype, on every rank the same
 bits; with two ranks the correctly rounded a + b, NCCL's sum.
 
-Measured (two H200s, Qwen3-8B batch-1 decode, ``python -m benchmarks.tp``): 3.684 ms a step against
-3.497 with the one-shot all-reduce (two calls on one machine, tree a1a4977), 3.695 on d99a3c1; the
-flag version had 3.765 against 3.496. Letting the reader in only as the pushing GEMV's programs end
-(no early PDL launch) made it 3.771; the reader's later loads of the words L2-only (``.cg``), 4.041.
-Still slower, so still off by default (``enable_pushed_partial_sums``); where the time goes is open
-(the profiler shows both kernels longer, but PDL launches overlap).
+Who adds the slots is the target's ``mode`` (``pushed_partial_sums_mode``): ``sum`` (``sum_pushed``, a few
+programs right after the pushing GEMV), ``fused`` (the next norm + GEMV's prologue, ``load_summed``), or
+``all_reduce`` (``all_reduce_pushed``: the GEMV stores as usual, and one small kernel pushes and adds).
+Measured on two H200s, Qwen3-8B batch-1 decode (``python -m benchmarks.tp``, tree 19d16b0, TP=1 4.83 ms):
+sum 3.141 ms a step, all_reduce 3.265, the one-shot all-reduce kernel 3.503; fused 3.684-3.695 on earlier
+trees (its ~260 programs each wait on the words; letting it in late, or loading the words L2-only, was slower).
 """
 
 from __future__ import annotations
