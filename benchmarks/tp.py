@@ -312,12 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with symmetric memory, the one-shot all-reduce at decode sizes too (enable_pushed_partial_sums=False)",
     )
-    parser.add_argument(
-        "--push-mode",
-        choices=("fused", "sum", "all_reduce"),
-        default="sum",
-        help="who adds the pushed partial sums (pushed_partial_sums_mode)",
-    )
+    parser.add_argument("--push-mode", choices=("fused", "sum", "all_reduce"), default="sum",
+                        help="who adds the pushed partial sums (pushed_partial_sums_mode)")
     parser.add_argument("--attention", default=None, help="attention backend of both sizes (default: the engine picks)")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--dtype", default="bfloat16", help=argparse.SUPPRESS)
