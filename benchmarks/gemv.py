@@ -174,7 +174,7 @@ class Chain:
 
     def separate(self, norm_weight, weight, bias, *, after_norm: bool = True):
         normed, summed = rms_norm(self.x, norm_weight, 1e-6, self.residual)
-        y = gemv(normed, weight, bias, after_rms_norm=after_norm)
+        y = gemv(normed, weight, bias, after_rms_norm=after_norm, before_silu=self.silu)
         return (silu_and_mul(y) if self.silu else y), summed
 
     def fused(self, norm_weight, weight, bias):
@@ -202,7 +202,7 @@ def main_fused(args, copy_bw: float, num_sms: int) -> None:
                          "separate-plain": chain.time_us(functools.partial(chain.separate, after_norm=False)),
                          "fused": chain.time_us(chain.fused)}
                 floor_us = chain.num_bytes / copy_bw * 1e6
-                cfg = config_after_rms_norm(proj.n, proj.k, 2, num_sms)
+                cfg = config_after_rms_norm(proj.n, proj.k, 2, num_sms, silu=chain.silu)
                 base = {"model": model, "chain": chain_name, "n": proj.n, "k": proj.k, "num_rows": num_rows,
                         "bytes": chain.num_bytes, "copies": chain.copies}
                 results += [{**base, "system": system, "time_us": round(t, 2)} for system, t in times.items()]

@@ -47,7 +47,8 @@ class DecodeStep:
         self.num_bytes = sum(t.numel() * t.element_size() for t in tensors)
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         self.tiles = {"qkv": config_after_rms_norm(q + 2 * kv, h, 2, sms), "o": choose_config(h, q, 2, sms),
-                      "gate_up": config_after_rms_norm(2 * inter, h, 2, sms), "down": choose_config(h, inter, 2, sms),
+                      "gate_up": config_after_rms_norm(2 * inter, h, 2, sms, silu=True),
+                      "down": choose_config(h, inter, 2, sms),
                       "lm_head": choose_config(c.vocab_size, h, 2, sms)}
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor, prefetch_steps: int,

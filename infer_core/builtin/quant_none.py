@@ -16,6 +16,7 @@ class UnquantizedLinearMethod(LinearMethod):
         # Set by the model where an RMSNorm's output is this layer's input (qkv, gate_up: see
         # layers/fused/gemv_fusion.py): the GEMV then runs with the tiles it has fused with that norm.
         self.after_rms_norm = False
+        self.before_silu = False  # and its [gate; up] output goes to SiLU-and-mul (gate_up)
         self.force_triton = False  # tests: the GEMV on CPU tensors too (Triton's interpreter)
 
     def create_weights(self, layer, input_size, output_sizes, params_dtype):
@@ -36,7 +37,7 @@ class UnquantizedLinearMethod(LinearMethod):
 
     def apply(self, layer, x, bias):
         return dense_linear(x, layer.weight, bias, self.impl, after_rms_norm=self.after_rms_norm,
-                            off_cuda=self.force_triton)
+                            before_silu=self.before_silu, off_cuda=self.force_triton)
 
 
 class NoQuantizer(Quantizer):

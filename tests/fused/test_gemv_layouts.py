@@ -182,7 +182,7 @@ def push_cases() -> list[dict]:
                                                 bias=False)["ptx"]) for ranks in (0, 2))
             cases.append(dict(case=f"{name} rows={num_rows}", plain=plain, pushed=pushed))
         for name, n, silu in (("qkv", (4096 + 2 * 1024) // 2, False), ("gate_up+silu", inter, True)):
-            cfg = config_after_rms_norm(n, hidden, 2, SMS)
+            cfg = config_after_rms_norm(n, hidden, 2, SMS, silu=silu)
             on_tensor, on_partials = (fused_layouts(n, hidden, num_rows, cfg, norm=True, silu=silu, partial_ranks=r)
                                       for r in (0, 2))
             cases.append(dict(case=f"norm+{name} rows={num_rows}", on_tensor=on_tensor, on_partials=on_partials))
@@ -200,7 +200,8 @@ def prefetch_cases() -> list[dict]:
                for n, k in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096))]
     kernels.append(("gemv 1024x3072 (3 stages)", 1024, 3072, choose_config(1024, 3072, 2, SMS), None))
     kernels += [("norm+qkv 6144x4096", 6144, 4096, config_after_rms_norm(6144, 4096, 2, SMS), False),
-                ("norm+gate_up+silu 24576x4096", 24576, 4096, config_after_rms_norm(24576, 4096, 2, SMS), True),
+                ("norm+gate_up+silu 24576x4096", 24576, 4096, config_after_rms_norm(24576, 4096, 2, SMS, silu=True),
+                 True),
                 ("gate_up+silu 1024x1000, tail", 1024, 1000, GemvConfig(8, 256, 2, 3), True)]
     cases = []
     for name, n, k, cfg, silu in kernels:
@@ -227,7 +228,7 @@ def collect() -> dict:
         for num_rows in (1, 2):
             (sum_of_squares,) = rms_norm_layouts(k, num_rows)
             for n, silu in ((n_qkv, False), (n_gate_up, True)):
-                cfg = config_after_rms_norm(n, k, 2, SMS)
+                cfg = config_after_rms_norm(n, k, 2, SMS, silu=silu)
                 fused = fused_layouts(n, k, num_rows, cfg, norm=True, silu=silu)
                 cases.append(dict(
                     case=f"{model} {'gate_up+silu' if silu else 'qkv'} rows={num_rows}", silu=silu,

@@ -44,7 +44,7 @@ def separate(x, residual, norm_weight, weight, bias, config, silu):
     """rms_norm -> gemv -> silu_and_mul, as the decoder layer runs them unfused."""
     normed = rms_norm(x, norm_weight, EPS, residual)
     normed, summed = normed if residual is not None else (normed, None)
-    y = gemv(normed, weight, bias, config=config, after_rms_norm=True)
+    y = gemv(normed, weight, bias, config=config, after_rms_norm=True, before_silu=silu)
     return (silu_and_mul(y) if silu else y), summed
 
 
@@ -132,10 +132,11 @@ def test_strided_rows(device):
 
 
 def test_large_k_tiles_in_several_steps_with_a_tail(device):
-    """K=4100 after a norm: the large-K tiles at 16 warps in 17 K steps of 256, the last masked to 4 elements."""
+    """K=4100 after a norm: the large-K tiles at 8 warps in 17 K steps of 256, the last masked to 4 elements."""
     n, k = 24, 4100
-    cfg = config_after_rms_norm(n, k, 2, num_sms(torch.device(device)))
-    assert cfg.num_warps == 16 and cfg.block_k < k and k % cfg.block_k, cfg
+    for silu in (False, True):
+        cfg = config_after_rms_norm(n, k, 2, num_sms(torch.device(device)), silu=silu)
+        assert cfg.num_warps == 8 and cfg.block_k == 256 and k % cfg.block_k, cfg
     x, residual, norm_weight, weight, bias = make_inputs(2, n, k, torch.bfloat16, device, seed=41)
     for silu in (False, True):
         got, got_sum = rms_norm_gemv(x, norm_weight, EPS, weight, bias, residual, silu=silu)
@@ -145,14 +146,20 @@ def test_large_k_tiles_in_several_steps_with_a_tail(device):
 
 def test_one_k_step_at_the_norms_warps():
     """After a norm the GEMV runs at rms_norm's warp count, one K step where 4+ columns leave room for it;
-    from K=4096 (16 warps) the large-K tiles: two or more steps of 32 KiB, unpipelined."""
-    for n, k, warps, one_step in [(4096, 1024, 2, True), (6144, 1024, 2, True), (6144, 4096, 16, False),
-                                  (24576, 4096, 16, False), (12288, 2048, 2, False)]:
-        cfg = config_after_rms_norm(n, k, 2, 132)
-        assert cfg.num_warps == warps, (n, k, cfg)
-        assert (cfg.block_k >= k) == one_step, (n, k, cfg)
-        assert (cfg.num_stages == 1) == (one_step or k >= 4096), (n, k, cfg)
-        assert cfg.block_n * cfg.block_k <= 64 * 32 * warps  # 64 W values a thread
+    from K=4096 (8 warps) the large-K tiles: 8 columns in two or more steps, unpipelined, persistent when fused;
+    a gate_up followed by SiLU-and-mul (``silu``) halves the step, as its fused program loads gate and up."""
+    for n, k, warps, one_step in [(4096, 1024, 2, True), (6144, 1024, 2, True), (6144, 4096, 8, False),
+                                  (24576, 4096, 8, False), (12288, 2048, 2, False)]:
+        for silu in (False, True):
+            cfg = config_after_rms_norm(n, k, 2, 132, silu=silu)
+            assert cfg.num_warps == warps, (n, k, cfg)
+            assert (cfg.block_k >= k) == one_step, (n, k, cfg)
+            assert (cfg.num_stages == 1) == (one_step or k >= 4096), (n, k, cfg)
+            tiles = 2 if silu and k >= 4096 else 1  # below, silu leaves the tiles alone
+            assert tiles * cfg.block_n * cfg.block_k <= 64 * 32 * warps  # 64 W values a thread
+            if k >= 4096:
+                assert cfg.block_n == 8 and cfg.block_k == (1024 if silu else 2048), cfg
+                assert cfg.programs_per_sm > 0, cfg
     assert num_sms(torch.device("cpu")) >= 1
 
 

@@ -40,7 +40,7 @@ def separate(x, residual, norm_weight, weight, bias, silu, config=None):
     """What the decoder layer launches unfused: rms_norm, gemv (the after-norm tiles), silu_and_mul."""
     normed = rms_norm(x, norm_weight, EPS, residual)
     normed, summed = normed if residual is not None else (normed, None)
-    y = gemv(normed, weight, bias, config=config, after_rms_norm=True)
+    y = gemv(normed, weight, bias, config=config, after_rms_norm=True, before_silu=silu)
     return (silu_and_mul(y) if silu else y), summed
 
 
@@ -74,7 +74,7 @@ def test_l2_prefetch_changes_no_bit(model):
         pytest.skip("the prefetch is issued only with PDL (sm_90 or newer, fused.PDL on)")
     k, n_qkv, n_gate_up = MODELS[model]
     for n, silu in ((n_qkv, False), (n_gate_up, True)):
-        cfg = config_after_rms_norm(n, k, 2, num_sms(torch.device("cuda")))
+        cfg = config_after_rms_norm(n, k, 2, num_sms(torch.device("cuda")), silu=silu)
         assert cfg.block_k < k, cfg  # several K steps: a prefetch has something to ask for
         for num_rows in (1, 2):
             x, residual, norm_weight, weight, bias = inputs(num_rows, n, k, seed=num_rows)
@@ -96,7 +96,7 @@ def test_persistent_launch_changes_no_bit(model):
     at one program a block it gives the same bits."""
     k, n_qkv, n_gate_up = MODELS[model]
     for n, silu in ((n_qkv, False), (n_gate_up, True)):
-        cfg = config_after_rms_norm(n, k, 2, num_sms(torch.device("cuda")))
+        cfg = config_after_rms_norm(n, k, 2, num_sms(torch.device("cuda")), silu=silu)
         assert cfg.block_k < k and cfg.programs_per_sm > 0, cfg
         for num_rows in (1, 2):
             x, residual, norm_weight, weight, bias = inputs(num_rows, n, k, seed=num_rows)

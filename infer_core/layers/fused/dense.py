@@ -30,15 +30,17 @@ def use_gemv(impl: fused.FusedImpl, x: torch.Tensor, weight: torch.Tensor, *, of
 
 
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                 impl: fused.FusedImpl, *, after_rms_norm: bool = False, off_cuda: bool = False) -> torch.Tensor:
+                 impl: fused.FusedImpl, *, after_rms_norm: bool = False, before_silu: bool = False,
+                 off_cuda: bool = False) -> torch.Tensor:
     """``F.linear(x, weight, bias)``, by the GEMV kernel where :func:`use_gemv` says it is faster.
 
     Shared by the dense linear layers and the LM head (the same matmul, tied to the embedding or not).
     ``after_rms_norm``: x is an RMSNorm's output; the GEMV then takes the tiles it has fused with that
-    norm (``fused.gemv.config_after_rms_norm``), so fused or not gives the same bits.
+    norm (``fused.gemv.config_after_rms_norm``; ``before_silu``: gate_up's, followed by SiLU-and-mul), so
+    fused or not gives the same bits.
     """
     if use_gemv(impl, x, weight, off_cuda=off_cuda):
         from infer_core.layers.fused.gemv import gemv
 
-        return gemv(x, weight, bias, after_rms_norm=after_rms_norm)
+        return gemv(x, weight, bias, after_rms_norm=after_rms_norm, before_silu=before_silu)
     return F.linear(x, weight, bias)

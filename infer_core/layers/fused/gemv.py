@@ -49,6 +49,9 @@ LARGE_K_WARPS = 16
 # After a norm, tiles of several K steps run persistent at 2 programs an SM. On the H100, a Qwen3-8B decode
 # step's projections (benchmarks.gemv --step) took 5,562 us with a program a block, 5,712 / 5,419 / 5,445 at
 # 1 / 2 / 4 programs an SM; asking L2 for each block's first K step after the PDL wait lost at every count.
+# (Those were 16-warp programs, of which one fits an SM: two waves. At the 8 warps of config_after_rms_norm's
+# large-K tiles both fit; on an H200, 1 / 3 / 4 programs an SM and blocks handed out by an atomic counter
+# were each slower than 2 for one TP=2 rank's share of Qwen3-8B: decode-persistent-norm-gemv-* logs.)
 NORM_GEMV_PROGRAMS_PER_SM = 2
 MAX_ROWS = 8  # decode batches; more rows than this is a GEMM, F.linear's job
 PROGRAMS_PER_SM = 2  # at least two programs an SM: one loads while the other sums
@@ -243,7 +246,7 @@ def rms_norm_warps(k: int) -> int | None:
     return norm_tiles(k, MAX_SINGLE_PASS)[3]
 
 
-def config_after_rms_norm(n: int, k: int, element_size: int, num_sms: int) -> GemvConfig:
+def config_after_rms_norm(n: int, k: int, element_size: int, num_sms: int, *, silu: bool = False) -> GemvConfig:
     """Tiles of a GEMV whose x is an RMSNorm's output (qkv, gate_up), fused with that norm or not.
 
     A sum's bits depend on the thread layout the compiler gives the summed tile, and that depends on
@@ -251,11 +254,28 @@ def config_after_rms_norm(n: int, k: int, element_size: int, num_sms: int) -> Ge
     column sums are the separate kernels' sums only if both run at the norm kernel's warp count.
     The GEMV after the norm runs at it unfused too, so fusing changes no bit. Fused, tiles of several K
     steps run persistent (``NORM_GEMV_PROGRAMS_PER_SM``), which the plain GEMV ignores.
+
+    From ``LARGE_K`` on (8B-class models) a tile is 8 columns and 64 W values a thread; ``silu`` (the
+    ``[gate; up]`` weights of a GEMV followed by SiLU-and-mul, whose fused program loads a gate tile and an
+    up tile each K step) halves its K, so the fused program holds 64 values a thread too. On an H200 a
+    Qwen3-8B decode step took 4.627 ms with these tiles at 8 warps, 5.001 with qkv in one step of 4
+    columns, 5.157 with gate_up's tiles of 4 columns and all of K (``norm-gemv-tiles-8-warps`` logs).
     """
     warps = rms_norm_warps(k)  # None: a two-pass norm, never fused
-    config = choose_config(n, k, element_size, num_sms, num_warps=warps)
+    if warps is not None and k >= LARGE_K:
+        config = _large_k_config(n, k, warps, num_sms, silu)
+    else:
+        config = choose_config(n, k, element_size, num_sms, num_warps=warps)
     fused_steps = warps is not None and config.block_k < k
     return replace(config, programs_per_sm=NORM_GEMV_PROGRAMS_PER_SM) if fused_steps else config
+
+
+def _large_k_config(n: int, k: int, num_warps: int, num_sms: int, silu: bool) -> GemvConfig:
+    block_n = 8 if triton.cdiv(n, 8) >= PROGRAMS_PER_SM * num_sms else 4
+    block_k = min(num_warps * 32 * VALUES_PER_THREAD // block_n // (2 if silu else 1), triton.next_power_of_2(k))
+    while block_k > 256 and k % block_k:
+        block_k //= 2
+    return GemvConfig(block_n, block_k, num_warps=num_warps, num_stages=1)
 
 
 @functools.cache
@@ -307,10 +327,11 @@ def _launch(rows, weight, bias, out, cfg: GemvConfig, push: PushTarget | None) -
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-         config: GemvConfig | None = None, after_rms_norm: bool = False) -> torch.Tensor:
+         config: GemvConfig | None = None, after_rms_norm: bool = False, before_silu: bool = False) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for at most ``MAX_ROWS`` rows of x; a new tensor ``[..., N]``.
 
-    ``after_rms_norm``: x is an RMSNorm's output, and the tiles are :func:`config_after_rms_norm`'s.
+    ``after_rms_norm``: x is an RMSNorm's output, and the tiles are :func:`config_after_rms_norm`'s
+    (``before_silu``: for ``[gate; up]`` weights whose output goes to SiLU-and-mul, its ``silu`` tiles).
     """
     rows = _checked_rows(x, weight, bias)
     num_rows, k = rows.shape
@@ -320,8 +341,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         return out
     if k == 0:
         return out.zero_() if bias is None else out.copy_(bias.expand_as(out))
-    choose = config_after_rms_norm if after_rms_norm else choose_config
-    cfg = config or choose(n, k, x.element_size(), num_sms(x.device))
+    if config is None and after_rms_norm:
+        config = config_after_rms_norm(n, k, x.element_size(), num_sms(x.device), silu=before_silu)
+    cfg = config or choose_config(n, k, x.element_size(), num_sms(x.device))
     _launch(rows, weight, bias, out, cfg, None)
     return out
 

@@ -43,6 +43,7 @@ class NormLinear:
         if isinstance(linear.method, UnquantizedLinearMethod):
             # unfused, the GEMV takes the tiles it has fused with the norm, so fusing changes no bit
             linear.method.after_rms_norm = True
+            linear.method.before_silu = act is not None
 
     def fuses(self, x: torch.Tensor, residual: torch.Tensor | None) -> bool:
         """One launch where norm, dense GEMV (and SiLU-and-mul) would each run our Triton kernels on x."""

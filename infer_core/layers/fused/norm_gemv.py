@@ -282,9 +282,10 @@ def _launch(x, residual, norm_weight, eps, weight, bias, silu: bool, config: Gem
             res_out.copy_(x + residual)
         return out, res_out
     res_rows = _rows(residual, k) if residual is not None else rows
-    if config is None:
-        choose = config_after_rms_norm if norm_weight is not None else choose_config
-        config = choose(n, k, weight.element_size(), num_sms(x.device))
+    if config is None and norm_weight is not None:
+        config = config_after_rms_norm(n, k, weight.element_size(), num_sms(x.device), silu=silu)
+    elif config is None:
+        config = choose_config(n, k, weight.element_size(), num_sms(x.device))
     norm_block_m, norm_block_n, _, _ = norm_tiles(k, MAX_SINGLE_PASS)
     pdl = use_pdl(weight)
     num_blocks = triton.cdiv(n_out, config.block_n)

@@ -18,7 +18,8 @@ from infer_core.layers.fused.pdl import pdl_enter
 
 MAX_SINGLE_PASS = 16384  # rows longer than this are normalised in two passes over column chunks
 ROW_ELEMENTS = 2048  # rows of a short N are packed into one program up to about this many elements
-LARGE_ROW = 4096  # rows from this width run at 16 warps
+LARGE_ROW = 4096  # rows from this width run at LARGE_ROW_WARPS
+LARGE_ROW_WARPS = 8
 
 
 @triton.jit
@@ -115,9 +116,11 @@ def _tiles(n_cols: int, max_single_pass: int) -> tuple[int, int, bool, int]:
     block_m = max(1, ROW_ELEMENTS // block_n) if single else 1
     num_warps = max(1, min(16, block_m * block_n // 1024))  # ~32 elements a thread: best in a sweep on an H200
     if block_n >= LARGE_ROW:
-        # 16 warps: the GEMV after the norm (qkv, gate_up of 8B-class models) is fastest at 16 on an H100
-        # (benchmarks/gemv.py --sweep), and it runs at the norm's warp count (gemv.config_after_rms_norm)
-        num_warps = 16
+        # the norm + GEMV after it (qkv, gate_up of 8B-class models) runs at the norm's warp count
+        # (gemv.config_after_rms_norm). At 8, two of its programs fit an SM (about 128 registers a thread);
+        # at 16 one did, and each waited alone on its W loads: a Qwen3-8B batch-1 decode step took 4.627 ms
+        # at 8 against 4.885 at 16 on an H200 (infer bench latency --attention triton).
+        num_warps = LARGE_ROW_WARPS
     return block_m, block_n, single, num_warps
 
 
