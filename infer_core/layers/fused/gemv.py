@@ -271,6 +271,7 @@ def config_after_rms_norm(n: int, k: int, element_size: int, num_sms: int, *, si
 
 
 def _large_k_config(n: int, k: int, num_warps: int, num_sms: int, silu: bool) -> GemvConfig:
+    """8 columns (4 where 8 leave fewer than two programs an SM), 64 W values a thread per K step, no stages."""
     block_n = 8 if triton.cdiv(n, 8) >= PROGRAMS_PER_SM * num_sms else 4
     block_k = min(num_warps * 32 * VALUES_PER_THREAD // block_n // (2 if silu else 1), triton.next_power_of_2(k))
     while block_k > 256 and k % block_k:
