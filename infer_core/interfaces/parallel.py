@@ -33,8 +33,9 @@ class PushTarget:
     dest_ptrs: torch.Tensor  # int64 [world]: this rank's slot of the site, on every rank
     slots: torch.Tensor  # int64 [world, max_rows, n / values a word]: every rank's slot of the site, here
     abort: torch.Tensor  # int32 [1]: nonzero once a peer died, which lets every wait through
-    # who adds the values (the pushed_partial_sums_mode setting): "sum" a small kernel after the pushing GEMV,
-    # "fused" the next norm + GEMV's prologue, "all_reduce" one kernel that also pushes (the GEMV stores as usual)
+    # who adds the values (the pushed_partial_sums_mode setting): "gemv" the pushing GEMV's last programs, "sum" a
+    # small kernel after the pushing GEMV, "fused" the next norm + GEMV's prologue, "all_reduce" one kernel that
+    # also pushes (the GEMV stores as usual)
     mode: str
 
     @property

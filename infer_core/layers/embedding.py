@@ -2,6 +2,8 @@
 
 Each rank holds a contiguous slice of the (padded) vocabulary. The embedding zeroes tokens
 outside its slice and all-reduces; the LM head all-gathers its logits slices, so every rank samples.
+Where the communicator offers a push site (GPUs with symmetric memory, decode-sized batches) the
+lookup, the zeroing and the all-reduce are one launch (``fused/pushed_sums.lookup_all_reduce``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from infer_core.layers import fused
 from infer_core.layers.fused.dense import dense_linear
 
 PAD_MULTIPLE = 64
+PUSH_SITE = "embed_tokens"  # the push site the embedding asks for (its model's first, as it runs first)
 
 
 def vocab_rows_per_rank(vocab_size: int, world_size: int) -> int:
@@ -46,6 +49,14 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.parallel.world_size == 1:
             return F.embedding(input_ids, self.weight)
+        target = None
+        if input_ids.dim() == 1 and input_ids.is_cuda:
+            target = self.parallel.communicator.push_target(PUSH_SITE, input_ids.shape[0], self.weight.shape[1],
+                                                            self.weight.dtype)
+        if target is not None:
+            from infer_core.layers.fused.pushed_sums import lookup_all_reduce
+
+            return lookup_all_reduce(input_ids, self.weight, self.vocab_start, self.vocab_end, target)
         in_range = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)
         local = torch.where(in_range, input_ids - self.vocab_start, 0)
         out = F.embedding(local, self.weight) * in_range.unsqueeze(-1).to(self.weight.dtype)

@@ -225,6 +225,8 @@ class RowParallelLinear(LinearBase):
             from infer_core.layers.fused.pushed_sums import all_reduce_pushed
 
             return all_reduce_pushed(self.method.apply(self, x, None), target)
-        apply_pushed(self, x, target)
+        summed = apply_pushed(self, x, target)
+        if summed is not None:  # mode "gemv": the pushing GEMV's last programs added them
+            return summed
         pushed = PartialSums(target, (x.shape[0], n))
-        return pushed.sum() if target.mode == "sum" else pushed
+        return pushed if target.mode == "fused" else pushed.sum()

@@ -13,6 +13,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
 from torch import nn
 
 from infer_core.builtin.quant_none import UnquantizedLinearMethod
@@ -34,7 +35,8 @@ CONFIGS = {
 # (N, K) of every projection of Qwen3-0.6B, Qwen3-8B and Llama-3.1-8B: qkv, o, gate_up, down, LM head
 REAL_SHAPES = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (151936, 1024),
                (6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096),
-               (28672, 4096), (4096, 14336), (128256, 4096)]
+               (28672, 4096), (4096, 14336), (128256, 4096),
+               (3072, 4096), (4096, 2048), (4096, 6144), (75968, 4096)]  # Qwen3-8B as one rank of two holds it
 
 
 def reference(x, w, b):
@@ -123,24 +125,29 @@ def test_heuristic_fills_the_gpu_at_real_shapes(num_sms):
         programs = -(-n // cfg.block_n)
         assert programs >= min(2 * num_sms, n // 4) and programs >= num_sms, (n, k, cfg)
         assert k % cfg.block_k == 0, (n, k, cfg)
-        large_k = k >= LARGE_K  # 32 KiB tiles, one stage, 16 warps: the H100 sweep's best from K=4096
-        assert cfg.block_n * cfg.block_k * 2 <= (32 << 10 if large_k else 16 << 10)
+        large_k = k >= LARGE_K  # 8 x 1024 at 8 warps, one stage, from K=4096
+        assert cfg.block_n * cfg.block_k * 2 <= 16 << 10
         assert cfg.block_n * cfg.block_k // (32 * cfg.num_warps) <= 64  # W values a thread a step
-        assert cfg.num_stages == (1 if cfg.block_k == k or large_k else 3), (n, k, cfg)
+        assert cfg.num_stages == (1 if cfg.block_k >= k or large_k else 3), (n, k, cfg)
+        if not large_k and 4 * triton.next_power_of_2(k) * 2 <= 16 << 10:
+            assert cfg.block_k >= k, (n, k, cfg)  # all of K in one step where 4 columns hold it
     assert choose_config(1024, 3072, 2, 132) == GemvConfig(block_n=4, block_k=1024, num_warps=2, num_stages=3,
                                                            prefetch_steps=1)  # 0.6B down_proj: L2 prefetch
-    assert choose_config(6144, 4096, 2, 132) == GemvConfig(block_n=8, block_k=2048, num_warps=16, num_stages=1)
+    assert choose_config(6144, 4096, 2, 132) == GemvConfig(block_n=8, block_k=1024, num_warps=8, num_stages=1)
+    # one TP=2 rank's o_proj of Qwen3-8B: one step of 4 columns, not two of 8 (enough programs either way)
+    assert choose_config(4096, 2048, 2, 132) == GemvConfig(block_n=4, block_k=2048, num_warps=4, num_stages=1)
+    assert choose_config(151936, 1024, 2, 132) == GemvConfig(block_n=8, block_k=1024, num_warps=4, num_stages=1)
 
 
 def test_prefetch_lines_only_with_pdl_and_several_k_steps():
     """How much of each W row a program asks L2 for before the PDL wait: its first prefetch_steps K steps
     (in 128-byte lines, a power of two), never past K, nothing without PDL or for a one-step tile."""
-    large = choose_config(6144, 4096, 2, 132)  # Qwen3-8B's qkv: 8 x 2048, two K steps
-    assert large.block_k == 2048 and large.prefetch_steps == 0  # off by default: slower on the H100
+    large = choose_config(6144, 4096, 2, 132)  # 8 x 1024, four K steps
+    assert large.block_k == 1024 and large.prefetch_steps == 0  # off by default: slower on the H100
     assert prefetch_lines(large, 4096, 2, pdl=True) == 0
     large = replace(large, prefetch_steps=1)
-    assert prefetch_lines(large, 4096, 2, pdl=True) == 32  # 2048 bf16 = 4 KiB
-    assert prefetch_lines(replace(large, prefetch_steps=2), 4096, 2, pdl=True) == 64
+    assert prefetch_lines(large, 4096, 2, pdl=True) == 16  # 1024 bf16 = 2 KiB
+    assert prefetch_lines(replace(large, prefetch_steps=2), 4096, 2, pdl=True) == 32
     assert prefetch_lines(replace(large, prefetch_steps=6), 4096, 2, pdl=True) == 64  # all of K, no more
     assert prefetch_lines(large, 4096, 2, pdl=False) == 0  # nothing to overlap: the kernel before has ended
     assert prefetch_lines(replace(large, prefetch_steps=0), 4096, 2, pdl=True) == 0

@@ -127,13 +127,15 @@ def gemv_asm(n: int, k: int, num_rows: int, cfg, prefetch: int, *, push_ranks: i
 
     t = torch.empty(1, dtype=torch.bfloat16)
     words = torch.empty(1, dtype=torch.int64)  # push: y is this rank's slot of 64-bit words; the slots' addresses
+    abort = torch.empty(1, dtype=torch.int32)
     args = dict(x_ptr=t, w_ptr=t, bias_ptr=t, y_ptr=words if push_ranks else t, num_rows=num_rows, N=n, K=k,
-                stride_xm=k, stride_wn=k, stride_ym=n, push_dest_ptrs=words)
+                stride_xm=k, stride_wn=k, stride_ym=n, push_dest_ptrs=words, slots_ptr=words, slot_words=8 * n // 2,
+                sum_ptr=t, abort_ptr=abort)
     return compile_for_sm90(_gemv_kernel, args, dict(
         BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias, NUM_STAGES=cfg.num_stages, SINGLE_STEP=cfg.block_k >= k,
         PREFETCH_LINES=prefetch, USE_PDL=True, PUSH_RANKS=push_ranks,
-        PUSH_VALUES_PER_WORD=2 if push_ranks else 1), cfg.num_warps, cfg.num_stages)
+        PUSH_VALUES_PER_WORD=2 if push_ranks else 1, ADD_PROGRAMS=0), cfg.num_warps, cfg.num_stages)
 
 
 def gemv_layouts(n: int, k: int, num_rows: int, cfg) -> list[str]:
@@ -190,7 +192,7 @@ def push_cases() -> list[dict]:
 
 
 def prefetch_cases() -> list[dict]:
-    """Each kernel of several K steps at Qwen3-8B's projections (and a pipelined Qwen3-0.6B one), 1 and 2 rows:
+    """Each kernel of several K steps at 8B-class projections (and a pipelined Qwen3-0.6B one), 1 and 2 rows:
     compiled without the prefetch and with 1 and 2 K steps of it."""
     from dataclasses import replace
 
@@ -199,7 +201,8 @@ def prefetch_cases() -> list[dict]:
     kernels = [(f"gemv {n}x{k}", n, k, choose_config(n, k, 2, SMS), None)
                for n, k in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096))]
     kernels.append(("gemv 1024x3072 (3 stages)", 1024, 3072, choose_config(1024, 3072, 2, SMS), None))
-    kernels += [("norm+qkv 6144x4096", 6144, 4096, config_after_rms_norm(6144, 4096, 2, SMS), False),
+    # Qwen3-8B's qkv is one K step now: a 5120-wide model's qkv (several steps) stands in for a norm + GEMV
+    kernels += [("norm+qkv 7168x5120", 7168, 5120, config_after_rms_norm(7168, 5120, 2, SMS), False),
                 ("norm+gate_up+silu 24576x4096", 24576, 4096, config_after_rms_norm(24576, 4096, 2, SMS, silu=True),
                  True),
                 ("gate_up+silu 1024x1000, tail", 1024, 1000, GemvConfig(8, 256, 2, 3), True)]

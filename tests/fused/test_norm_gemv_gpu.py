@@ -12,7 +12,15 @@ import torch
 from infer_core import LLM, SamplingParams
 from infer_core.layers import fused
 from infer_core.layers.fused import gemv_fusion, use_pdl
-from infer_core.layers.fused.gemv import GemvConfig, choose_config, config_after_rms_norm, gemv, num_sms
+from infer_core.layers.fused.gemv import (
+    NORM_GEMV_PROGRAMS_PER_SM,
+    GemvConfig,
+    _large_k_config,
+    choose_config,
+    config_after_rms_norm,
+    gemv,
+    num_sms,
+)
 from infer_core.layers.fused.norm_gemv import gemv_silu_and_mul, rms_norm_gemv
 from infer_core.layers.fused.rms_norm import rms_norm
 from infer_core.layers.fused.silu_and_mul import silu_and_mul
@@ -66,6 +74,16 @@ def test_real_shapes_equal_the_separate_kernels(model):
                 assert torch.equal(gemv_silu_and_mul(x, weight, bias), silu_and_mul(gemv(x, weight, bias)))
 
 
+def several_k_steps(n: int, k: int, silu: bool):
+    """config_after_rms_norm's tiles, or where they are one K step (qkv at K=4096) the large-K tiles it gives
+    where one step does not hold K: persistent, several steps."""
+    sms = num_sms(torch.device("cuda"))
+    cfg = config_after_rms_norm(n, k, 2, sms, silu=silu)
+    if cfg.block_k >= k:
+        cfg = replace(_large_k_config(n, k, cfg.num_warps, sms, silu), programs_per_sm=NORM_GEMV_PROGRAMS_PER_SM)
+    return cfg
+
+
 @pytest.mark.parametrize("model", ["qwen3-8b", "llama-3.1-8b"])
 def test_l2_prefetch_changes_no_bit(model):
     """At K=4096 a program takes two K steps and asks L2 for W before the PDL wait: the fused launch gives
@@ -74,7 +92,7 @@ def test_l2_prefetch_changes_no_bit(model):
         pytest.skip("the prefetch is issued only with PDL (sm_90 or newer, fused.PDL on)")
     k, n_qkv, n_gate_up = MODELS[model]
     for n, silu in ((n_qkv, False), (n_gate_up, True)):
-        cfg = config_after_rms_norm(n, k, 2, num_sms(torch.device("cuda")), silu=silu)
+        cfg = several_k_steps(n, k, silu)
         assert cfg.block_k < k, cfg  # several K steps: a prefetch has something to ask for
         for num_rows in (1, 2):
             x, residual, norm_weight, weight, bias = inputs(num_rows, n, k, seed=num_rows)
@@ -96,7 +114,7 @@ def test_persistent_launch_changes_no_bit(model):
     at one program a block it gives the same bits."""
     k, n_qkv, n_gate_up = MODELS[model]
     for n, silu in ((n_qkv, False), (n_gate_up, True)):
-        cfg = config_after_rms_norm(n, k, 2, num_sms(torch.device("cuda")), silu=silu)
+        cfg = several_k_steps(n, k, silu)
         assert cfg.block_k < k and cfg.programs_per_sm > 0, cfg
         for num_rows in (1, 2):
             x, residual, norm_weight, weight, bias = inputs(num_rows, n, k, seed=num_rows)

@@ -21,7 +21,7 @@ from infer_core.interfaces import Communicator, ParallelContext
 from infer_core.layers.fused.gemv import gemv, gemv_push
 from infer_core.layers.fused.gemv_fusion import NormLinear
 from infer_core.layers.fused.norm_gemv import rms_norm_gemv
-from infer_core.layers.fused.pushed_sums import all_reduce_pushed, sum_pushed
+from infer_core.layers.fused.pushed_sums import all_reduce_pushed, lookup_all_reduce, sum_pushed
 from infer_core.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from infer_core.layers.norm import RMSNorm
 from infer_core.layers.partial_sums import PartialSums, reduced
@@ -86,6 +86,36 @@ def test_norm_gemv_adds_pushed_partial_sums_as_the_all_reduce_would(num_rows, si
             got, got_residual = rms_norm_gemv(PartialSums(target, (num_rows, N)), norm_weight, EPS, weight, None,
                                               residual, silu=silu)
             assert torch.equal(got, expected) and torch.equal(got_residual, expected_residual), target.rank
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_pushing_gemv_adds_every_ranks_partial_sums_with_add(world, dtype, device):
+    """Mode ``gemv``: one rank's pushing GEMV (the others pushed first: the ranks are not concurrent here) returns
+    the sum over the ranks, the bits every other rank's reader finds; in float32 the torch sum of the plain GEMVs."""
+    targets = local_push_targets(world, MAX_ROWS, N, dtype, device, mode="gemv")
+    for round_, num_rows in enumerate((1, 2, 1, MAX_ROWS), start=1):
+        xs, ws = _rank_inputs(world, num_rows, dtype, device, seed=round_ * 7 + world)
+        runner = round_ % world
+        for rank in range(world):
+            if rank != runner:
+                assert gemv_push(xs[rank], ws[rank], targets[rank]) is None
+        got = gemv_push(xs[runner], ws[runner], targets[runner], add=True)
+        assert got.shape == (num_rows, N) and got.dtype == dtype
+        for rank in range(world):
+            if rank != runner:
+                assert torch.equal(sum_pushed(targets[rank], num_rows), got), (round_, rank)
+        assert _rounds(targets[runner], num_rows) == [round_]
+        if dtype == torch.float32:
+            assert torch.equal(got, sum(gemv(x, w) for x, w in zip(xs, ws))), round_
+
+
+def test_pushing_gemv_that_adds_lets_through_on_abort(device):
+    targets = local_push_targets(2, MAX_ROWS, N, torch.float32, device, mode="gemv")
+    xs, ws = _rank_inputs(2, 1, torch.float32, device, seed=8)
+    targets[0].abort.fill_(1)
+    gemv_push(xs[0], ws[0], targets[0], add=True)  # rank 1 never pushes: returns (garbage) instead of waiting
+    assert _slot_rounds(targets[0]) == [[0, 1], [0]]
 
 
 def test_a_raised_abort_lets_the_reader_through_when_a_rank_never_pushes(device):
@@ -171,6 +201,35 @@ def test_all_reduce_kernel_lets_through_on_abort_and_refuses_what_does_not_fit(d
         all_reduce_pushed(torch.randn(1, N, device=device, dtype=torch.bfloat16), targets[0])
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_lookup_all_reduce_is_the_whole_tables_embedding(world, device):
+    """The vocabulary-parallel embedding in one launch: each rank's slice of the table looked up (zeros for tokens
+    it does not hold), pushed and added; every row is the whole table's, bit for bit, on every rank. The other
+    ranks push their masked lookups first (the ranks are not concurrent here)."""
+    vocab, dtype = 50, torch.bfloat16
+    per_rank = -(-vocab // world)
+    table = torch.randn(vocab, N, generator=torch.Generator().manual_seed(world)).to(device, dtype)
+    targets = local_push_targets(world, MAX_ROWS, N, dtype, device)
+    for round_, ids in enumerate(([3], [0, vocab - 1, per_rank, per_rank - 1], [vocab - 1] * MAX_ROWS), start=1):
+        ids = torch.tensor(ids, device=device)
+        runner = round_ % world
+        for rank in range(world):
+            start, end = rank * per_rank, min((rank + 1) * per_rank, vocab)
+            if rank != runner:
+                held = (ids >= start) & (ids < end)
+                _push_as_is(torch.where(held[:, None], table[ids.clamp(0, vocab - 1)], 0).to(dtype), targets[rank])
+        start, end = runner * per_rank, min((runner + 1) * per_rank, vocab)
+        got = lookup_all_reduce(ids, table[start:end].contiguous(), start, end, targets[runner])
+        assert torch.equal(got, table[ids]), round_
+        for rank in range(world):
+            if rank != runner:
+                assert torch.equal(sum_pushed(targets[rank], len(ids)), got), (round_, rank)
+    with pytest.raises(ValueError, match="1-D integer"):
+        lookup_all_reduce(ids[None], table, 0, vocab, targets[0])
+    with pytest.raises(ValueError, match="cannot all-reduce 9 rows"):
+        lookup_all_reduce(torch.zeros(9, dtype=torch.int64, device=device), table, 0, vocab, targets[0])
+
+
 class _PushingRank(Communicator):
     """One simulated rank whose row-parallel layers push into ``target``; any all-reduce is a test failure."""
 
@@ -232,9 +291,9 @@ def test_row_parallel_layer_pushes_and_the_norm_linear_after_it_adds(device, ass
         assert torch.equal(got, expected) and torch.equal(got_residual, summed), rank
 
 
-@pytest.mark.parametrize("mode", ["sum", "all_reduce"])
+@pytest.mark.parametrize("mode", ["sum", "gemv", "all_reduce"])
 def test_row_parallel_layer_in_mode_returns_the_sum(mode, device, assert_close_to_reference):
-    """``sum`` and ``all_reduce`` modes: RowParallelLinear(defer_reduce=True) returns the all-reduced tensor.
+    """``sum``, ``gemv`` and ``all_reduce`` modes: RowParallelLinear(defer_reduce=True) returns the all-reduced tensor.
 
     Rank 1 pushes its partial sums first (the ranks are not concurrent here); rank 0's layer then pushes its
     own (its GEMV, or the all-reduce kernel) and adds both, as rank 1's reader does.

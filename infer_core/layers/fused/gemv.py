@@ -38,14 +38,18 @@ import triton.language as tl
 from infer_core.interfaces import PushTarget
 from infer_core.layers.fused import use_pdl
 from infer_core.layers.fused.pdl import pdl_enter
-from infer_core.layers.fused.pushed_sums import push_tile
+from infer_core.layers.fused.pushed_sums import SUM_BLOCK, add_pushed_block, push_tile
 from infer_core.layers.fused.rms_norm import MAX_SINGLE_PASS
 from infer_core.layers.fused.rms_norm import _tiles as norm_tiles
 from infer_core.layers.partial_sums import checked_values_per_word, values_per_word
 
 LARGE_K = 4096  # from this K on, the large-K tiles of choose_config
-LARGE_K_TILE = 16384  # elements of W a program loads per K step there (32 KiB of bf16)
-LARGE_K_WARPS = 16
+# There: 8 columns by 1024 at 8 warps. The H100's standalone sweep had chosen 32 KiB tiles at 16 warps (8 by 2048);
+# in whole decode steps on H200s the 8-warp tiles took Qwen3-8B from 4.599 to 4.565 ms with down_proj's alone
+# (4.584 o_proj's, 4.596 the LM head's; 4.625 -> 4.573 all three) and one TP=2 rank's pushed down_proj from 2.959
+# to 2.932 ms (decode-tiles-per-shape-* logs).
+LARGE_K_TILE = 8192  # elements of W a program loads per K step there (16 KiB of bf16)
+LARGE_K_WARPS = 8
 # After a norm, tiles of several K steps run persistent at 2 programs an SM. On the H100, a Qwen3-8B decode
 # step's projections (benchmarks.gemv --step) took 5,562 us with a program a block, 5,712 / 5,419 / 5,445 at
 # 1 / 2 / 4 programs an SM; asking L2 for each block's first K step after the PDL wait lost at every count.
@@ -126,6 +130,10 @@ def _gemv_kernel(
     stride_wn,
     stride_ym,
     push_dest_ptrs,
+    slots_ptr,
+    slot_words,
+    sum_ptr,
+    abort_ptr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -137,9 +145,11 @@ def _gemv_kernel(
     USE_PDL: tl.constexpr,
     PUSH_RANKS: tl.constexpr,
     PUSH_VALUES_PER_WORD: tl.constexpr,
+    ADD_PROGRAMS: tl.constexpr,
 ):
     """``y = x @ W^T (+ bias)``; with ``PUSH_RANKS`` > 0, y is pushed as this rank's words of a site to every
-    rank instead, ``y_ptr`` being this rank's slot here (``fused/pushed_sums.py``)."""
+    rank instead, ``y_ptr`` being this rank's slot here (``fused/pushed_sums.py``), and with ``ADD_PROGRAMS``
+    > 0 the last that many programs then add every rank's words into ``sum_ptr`` (mode ``gemv``)."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     # the last program's columns past N re-read row N-1 (in bounds, no mask on W) and are not stored
     w_rows = tl.minimum(cols, N - 1).to(tl.int64) * stride_wn
@@ -170,8 +180,13 @@ def _gemv_kernel(
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     if PUSH_RANKS > 0:
-        push_tile(acc, offs_m, tl.program_id(0) * BLOCK_N, num_rows, N, push_dest_ptrs, y_ptr,
-                  x_ptr.dtype.element_ty, PUSH_VALUES_PER_WORD, BLOCK_M, BLOCK_N, PUSH_RANKS)
+        round_ = push_tile(acc, offs_m, tl.program_id(0) * BLOCK_N, num_rows, N, push_dest_ptrs, y_ptr,
+                           x_ptr.dtype.element_ty, PUSH_VALUES_PER_WORD, BLOCK_M, BLOCK_N, PUSH_RANKS)
+        if ADD_PROGRAMS > 0:  # the last programs (the last to start) add the ranks' words: no sum launch
+            block = tl.program_id(0) - (tl.num_programs(0) - ADD_PROGRAMS)
+            if block >= 0:
+                add_pushed_block(slots_ptr, slot_words, sum_ptr, block, num_rows, N, round_, abort_ptr, PUSH_RANKS,
+                                 x_ptr.dtype.element_ty, PUSH_VALUES_PER_WORD)
     else:
         y_ptrs = y_ptr + offs_m[:, None] * stride_ym + cols[None, :]
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m[:, None] < num_rows) & (cols[None, :] < N))
@@ -183,37 +198,38 @@ def choose_config(n: int, k: int, element_size: int, num_sms: int, num_warps: in
 
     The figure that matters is W bytes in flight per SM. Columns: the widest ``BLOCK_N`` of 16, 8, 4
     that still gives ``PROGRAMS_PER_SM`` programs an SM (N=1024 -> 4 columns, 256 programs), so no SM
-    idles and a program can be loading while another on its SM sums. K: a 16 KiB W tile a step, as
-    wide as the columns leave (up to all of K, so small matrices issue every load at once), shrunk to
-    a power of two dividing K where one >= 256 does (K=3072 -> 1024: no masked tail); 64 values a
-    thread (4 warps at 16 KiB); a program of several K steps keeps two more in flight (3 stages:
-    cp.async into shared memory), one of a single step needs none (its loads all issue before its sums).
-    The row count does not change the choice. ``python -m benchmarks.gemv --sweep`` times the alternatives.
+    idles and a program can be loading while another on its SM sums. K: a 16 KiB W tile a step, 64
+    values a thread (4 warps at 16 KiB). All of K in one step wherever 4 or more columns leave room for
+    it (the narrower tile if need be: the kernels load a one-step tile before waiting on the kernel
+    before them, so W streams in while that one drains); else as wide as the columns leave, shrunk to a
+    power of two dividing K where one >= 256 does (K=3072 -> 1024: no masked tail), and a program of
+    several K steps keeps two more in flight (3 stages: cp.async into shared memory). From ``LARGE_K``
+    on, tiles of 8 columns by 1024 at 8 warps (``LARGE_K_TILE``). The row count does not change the
+    choice. ``python -m benchmarks.gemv --sweep`` times the alternatives.
 
     ``num_warps`` pins the warp count (a GEMV after an RMSNorm runs at the norm's: see
-    :func:`config_after_rms_norm`); the tile is then 64 values a thread at that count, and all of K
-    in one step where 4 or more columns leave room for it (the kernels load a one-step tile before
-    waiting on the kernel before them; a norm fused before the GEMV then runs while W arrives).
+    :func:`config_after_rms_norm`); the tile is then 64 values a thread at that count, at any K.
     """
     enough_programs = [b for b in (16, 8, 4) if triton.cdiv(n, b) >= PROGRAMS_PER_SM * num_sms]
     block_n = enough_programs[0] if enough_programs else 4
     whole_k = triton.next_power_of_2(k)
-    if k >= LARGE_K and num_warps in (None, LARGE_K_WARPS):
-        # K of 4096 and more (8B-class models): 32 KiB tiles of 8 columns, 16 warps, no pipelining won the
-        # H100 sweep for every such projection and the LM head (3-8% over the rule below)
+    if k >= LARGE_K and num_warps is None:  # K of 4096 and more (8B-class models): see LARGE_K_TILE
         block_n = 8 if 8 in enough_programs else 4
         block_k = min(LARGE_K_TILE // block_n, whole_k)
         while block_k > 256 and k % block_k:
             block_k //= 2
         return GemvConfig(block_n, block_k, num_warps=LARGE_K_WARPS, num_stages=1)
-    if num_warps is not None:
-        tile = num_warps * 32 * VALUES_PER_THREAD
-        one_step = [b for b in (16, 8, 4) if b * whole_k <= tile]
-        if one_step:  # all of K at once: the tile loads before the PDL wait (and before a fused norm's prologue)
-            block_n = next((b for b in one_step if b in enough_programs), one_step[-1])
-            return GemvConfig(block_n, whole_k, num_warps=num_warps, num_stages=1)
-    else:
-        tile = TILE_BYTES // element_size
+    tile = num_warps * 32 * VALUES_PER_THREAD if num_warps is not None else TILE_BYTES // element_size
+    # all of K in one step where a tile of 4 columns or more holds it: the tile loads before the PDL wait, while
+    # the kernel before drains (and before a fused norm's prologue). One TP=2 rank's share of Qwen3-8B on one
+    # H200 took 2.737 ms a step with o_proj (K=2048) in one step of 4 columns, 3.023 in two of 8 (and Qwen3-8B
+    # 4.447 with qkv in one step after its norm, 4.599 in two: decode-tiles-per-shape-* logs)
+    one_step = [b for b in (16, 8, 4) if b * whole_k <= tile]
+    if one_step:
+        block_n = next((b for b in one_step if b in enough_programs), one_step[-1])
+        if num_warps is None:
+            num_warps = max(1, min(8, block_n * whole_k // (32 * VALUES_PER_THREAD)))
+        return GemvConfig(block_n, whole_k, num_warps=num_warps, num_stages=1)
     block_k = min(tile // block_n, whole_k)
     while block_k > 256 and k % block_k:
         block_k //= 2
@@ -255,17 +271,18 @@ def config_after_rms_norm(n: int, k: int, element_size: int, num_sms: int, *, si
     The GEMV after the norm runs at it unfused too, so fusing changes no bit. Fused, tiles of several K
     steps run persistent (``NORM_GEMV_PROGRAMS_PER_SM``), which the plain GEMV ignores.
 
-    From ``LARGE_K`` on (8B-class models) a tile is 8 columns and 64 W values a thread; ``silu`` (the
-    ``[gate; up]`` weights of a GEMV followed by SiLU-and-mul, whose fused program loads a gate tile and an
-    up tile each K step) halves its K, so the fused program holds 64 values a thread too. On an H200 a
-    Qwen3-8B decode step took 4.627 ms with these tiles at 8 warps, 5.001 with qkv in one step of 4
-    columns, 5.157 with gate_up's tiles of 4 columns and all of K (``norm-gemv-tiles-8-warps`` logs).
+    All of K in one step where a tile of 4 columns holds it (``choose_config``): on an H200 Qwen3-8B's qkv
+    (K=4096) so took a decode step from 4.599 to 4.447 ms, one TP=2 rank's share from 3.023 to 2.893
+    (``decode-tiles-per-shape-*`` logs). Else, from ``LARGE_K`` on (8B-class models), a tile is 8 columns
+    and 64 W values a thread; ``silu`` (the ``[gate; up]`` weights of a GEMV followed by SiLU-and-mul, whose
+    fused program loads a gate tile and an up tile each K step) halves its K, so the fused program holds 64
+    values a thread too: Qwen3-8B's gate_up took 4.627 ms a step so, 5.157 in tiles of 4 columns by 2048
+    (``norm-gemv-tiles-8-warps`` logs).
     """
     warps = rms_norm_warps(k)  # None: a two-pass norm, never fused
-    if warps is not None and k >= LARGE_K:
+    config = choose_config(n, k, element_size, num_sms, num_warps=warps)
+    if warps is not None and k >= LARGE_K and (silu or config.block_k < k):
         config = _large_k_config(n, k, warps, num_sms, silu)
-    else:
-        config = choose_config(n, k, element_size, num_sms, num_warps=warps)
     fused_steps = warps is not None and config.block_k < k
     return replace(config, programs_per_sm=NORM_GEMV_PROGRAMS_PER_SM) if fused_steps else config
 
@@ -310,20 +327,25 @@ def _checked_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return rows
 
 
-def _launch(rows, weight, bias, out, cfg: GemvConfig, push: PushTarget | None) -> None:
+def _launch(rows, weight, bias, out, cfg: GemvConfig, push: PushTarget | None,
+            summed: torch.Tensor | None = None) -> None:
     num_rows, k = rows.shape
     n = weight.shape[0]
     pdl = use_pdl(rows)
-    no_push = weight  # any tensor: the push arguments are not read without PUSH_RANKS
-    _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
+    unused = weight  # any tensor: the push arguments are not read without PUSH_RANKS, nor the sum's without ADD
+    num_blocks = triton.cdiv(n, cfg.block_n)
+    add_programs = triton.cdiv(num_rows * n, SUM_BLOCK) if summed is not None else 0  # <= num_blocks: 8 rows at most
+    _gemv_kernel[(num_blocks,)](
         rows, weight, bias if bias is not None else weight, out, num_rows, n, k, rows.stride(0), weight.stride(0), n,
-        push.dest_ptrs if push else no_push,
+        push.dest_ptrs if push else unused, push.slots if push else unused, push.slots[0].numel() if push else 0,
+        summed if summed is not None else unused, push.abort if push else unused,
         BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None,
         NUM_STAGES=cfg.num_stages, SINGLE_STEP=cfg.block_k >= k,
         PREFETCH_LINES=prefetch_lines(cfg, k, rows.element_size(), pdl), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, USE_PDL=pdl, launch_pdl=pdl,
         PUSH_RANKS=push.world_size if push else 0, PUSH_VALUES_PER_WORD=values_per_word(push.dtype) if push else 1,
+        ADD_PROGRAMS=add_programs,
     )
 
 
@@ -349,11 +371,13 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     return out
 
 
-def gemv_push(x: torch.Tensor, weight: torch.Tensor, target: PushTarget, *, config: GemvConfig | None = None) -> None:
+def gemv_push(x: torch.Tensor, weight: torch.Tensor, target: PushTarget, *, config: GemvConfig | None = None,
+              add: bool = False) -> torch.Tensor | None:
     """``x @ W^T`` (this rank's partial sums of a row-parallel layer) pushed into ``target``'s slots on every rank.
 
-    Nothing is returned: the sum is read from ``target`` (``layers/partial_sums.py``). Tiles as :func:`gemv`'s,
-    so the partial sums are the bits the plain GEMV would all-reduce.
+    Tiles as :func:`gemv`'s, so the partial sums are the bits the plain GEMV would all-reduce. Without ``add``
+    nothing is returned: the sum is read from ``target`` (``layers/partial_sums.py``); with it, the launch's
+    last programs wait for every rank's push and return the sum, ``[rows, N]`` (mode ``gemv``).
     """
     rows = _checked_rows(x, weight, None)
     num_rows, k = rows.shape
@@ -368,4 +392,6 @@ def gemv_push(x: torch.Tensor, weight: torch.Tensor, target: PushTarget, *, conf
     if cfg.block_n % per_word:
         raise ValueError(f"{per_word} {x.dtype} values a word: the tiles must be {per_word} columns wide or more, "
                          f"not {cfg.block_n}")
-    _launch(rows, weight, None, target.slots[target.rank], cfg, target)
+    summed = torch.empty((num_rows, n), dtype=x.dtype, device=x.device) if add else None
+    _launch(rows, weight, None, target.slots[target.rank], cfg, target, summed)
+    return summed

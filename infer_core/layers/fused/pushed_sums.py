@@ -29,9 +29,12 @@ of site s - 1 of the next round, which wait for every rank, each of which read s
 Sums are in float32 in rank order 0, 1, ... and rounded once to the dtype, on every rank the same
 bits; with two ranks the correctly rounded a + b, NCCL's sum.
 
-Who adds the slots is the target's ``mode`` (``pushed_partial_sums_mode``): ``sum`` (``sum_pushed``, a few
-programs right after the pushing GEMV), ``fused`` (the next norm + GEMV's prologue, ``load_summed``), or
-``all_reduce`` (``all_reduce_pushed``: the GEMV stores as usual, and one small kernel pushes and adds).
+Who adds the slots is the target's ``mode`` (``pushed_partial_sums_mode``): ``gemv`` (the pushing GEMV's own
+last programs, ``add_pushed_block``: no launch of its own; they wait for this rank's other programs too),
+``sum`` (``sum_pushed``, a few programs right after the pushing GEMV), ``fused`` (the next norm + GEMV's
+prologue, ``load_summed``), or ``all_reduce`` (``all_reduce_pushed``: the GEMV stores as usual, and one small
+kernel pushes and adds). In mode ``gemv`` the adding programs take the round from their own push; they wait
+only on programs that never wait (this rank's and the peers' column blocks), so no launch can deadlock.
 Measured on two H200s, Qwen3-8B batch-1 decode (``python -m benchmarks.tp``, tree 19d16b0, TP=1 4.83 ms):
 sum 3.141 ms a step, all_reduce 3.265, the one-shot all-reduce kernel 3.503; fused 3.684-3.695 on earlier
 trees (its ~260 programs each wait on the words; letting it in late, or loading the words L2-only, was slower).
@@ -47,6 +50,9 @@ from infer_core.interfaces import PushTarget
 from infer_core.layers.fused import use_pdl
 from infer_core.layers.fused.pdl import pdl_enter
 from infer_core.layers.partial_sums import checked_values_per_word, values_per_word
+
+SUM_BLOCK = 1024  # elements a program of _sum_kernel (or an adding program of the GEMV) adds
+_ADD_BLOCK = tl.constexpr(SUM_BLOCK)
 
 
 @triton.jit
@@ -132,6 +138,25 @@ def load_summed(slots_ptr, slot_words, offs, mask, abort_ptr, RANK: tl.constexpr
     return acc.to(VALUE_DTYPE).to(tl.float32)
 
 
+@triton.jit
+def add_pushed_block(slots_ptr, slot_words, out_ptr, block, num_rows, N, round_, abort_ptr, RANKS: tl.constexpr,
+                     VALUE_DTYPE: tl.constexpr, VALUES_PER_WORD: tl.constexpr):
+    """Elements ``[block * SUM_BLOCK, (block + 1) * SUM_BLOCK)`` of ``out`` ``[num_rows, N]``: every rank's words
+    there, this rank's too, once they carry ``round_``, added in rank order and rounded once (mode ``gemv``: the
+    pushing GEMV's last programs call it, so this rank's words come from other programs of the same launch)."""
+    offs = block * _ADD_BLOCK + tl.arange(0, _ADD_BLOCK)
+    mask = offs < num_rows * N
+    for r in tl.static_range(RANKS):
+        ptrs = slots_ptr + r * slot_words + offs // VALUES_PER_WORD
+        _wait_for_round(ptrs, mask, round_, abort_ptr)
+        part = _values(tl.load(ptrs, mask=mask, other=0, volatile=True), offs, VALUE_DTYPE, VALUES_PER_WORD)
+        if r == 0:
+            acc = part
+        else:
+            acc += part
+    tl.store(out_ptr + offs, acc.to(VALUE_DTYPE), mask=mask)
+
+
 @triton.jit(do_not_specialize=["num_rows"])
 def _sum_kernel(slots_ptr, abort_ptr, out_ptr, num_rows, N, slot_words, RANK: tl.constexpr, RANKS: tl.constexpr,
                 VALUES_PER_WORD: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
@@ -144,7 +169,6 @@ def _sum_kernel(slots_ptr, abort_ptr, out_ptr, num_rows, N, slot_words, RANK: tl
     tl.store(out_ptr + offs, summed.to(dtype), mask=mask)
 
 
-SUM_BLOCK = 1024  # elements a program of _sum_kernel adds
 
 
 def sum_pushed(target: PushTarget, num_rows: int) -> torch.Tensor:
@@ -164,10 +188,13 @@ def sum_pushed(target: PushTarget, num_rows: int) -> torch.Tensor:
 
 @triton.jit(do_not_specialize=["num_rows"])
 def _all_reduce_kernel(x_ptr, out_ptr, slots_ptr, dest_ptrs, abort_ptr, num_rows, N, stride_xm, slot_words,
-                       RANK: tl.constexpr, RANKS: tl.constexpr, VALUES_PER_WORD: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr):
+                       ids_ptr, vocab_start, vocab_end, RANK: tl.constexpr, RANKS: tl.constexpr,
+                       VALUES_PER_WORD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       USE_PDL: tl.constexpr, LOOKUP: tl.constexpr):
     """``out = sum over ranks of x``: this program's columns of x pushed to every rank, then every rank's added.
 
+    With ``LOOKUP``, x is an embedding table's rows ``[vocab_start, vocab_end)``, and row m of what is summed
+    is token ``ids[m]``'s row there, or zeros where this rank does not hold it (the vocabulary-parallel lookup).
     The round comes from the program's own first word (``push_tile``), so no program waits on another's
     store here; this rank's values are added from registers, not read back from its slot.
     """
@@ -177,7 +204,15 @@ def _all_reduce_kernel(x_ptr, out_ptr, slots_ptr, dest_ptrs, abort_ptr, num_rows
     cols = first_col + tl.arange(0, BLOCK_N)
     mask = (offs_m < num_rows)[:, None] & (cols < N)[None, :]
     dtype = out_ptr.dtype.element_ty
-    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x_rows = offs_m.to(tl.int64)
+    if LOOKUP:
+        ids = tl.load(ids_ptr + offs_m, mask=offs_m < num_rows, other=-1)
+        held = (ids >= vocab_start) & (ids < vocab_end)
+        x_rows = tl.where(held, ids - vocab_start, 0).to(tl.int64)
+        mask_x = mask & held[:, None]
+    else:
+        mask_x = mask
+    x = tl.load(x_ptr + x_rows[:, None] * stride_xm + cols[None, :], mask=mask_x, other=0.0).to(tl.float32)
     round_ = push_tile(x, offs_m, first_col, num_rows, N, dest_ptrs, slots_ptr + RANK * slot_words, dtype,
                        VALUES_PER_WORD, BLOCK_M, BLOCK_N, RANKS)
     offs = offs_m[:, None] * N + cols[None, :]  # of the values in a slot's [rows, N]
@@ -208,20 +243,40 @@ def all_reduce_pushed(x: torch.Tensor, target: PushTarget) -> torch.Tensor:
     """
     n = x.shape[-1]
     rows = x.reshape(-1, n)
-    num_rows = rows.shape[0]
-    if x.dtype != target.dtype or n != target.n or not 0 < num_rows <= target.max_rows:
-        raise ValueError(f"push target of {target.max_rows} rows of {target.n} {target.dtype} cannot all-reduce "
-                         f"{num_rows} rows of {n} {x.dtype}")
-    per_word = checked_values_per_word(target)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
-    out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)
+    return _push_and_add(rows, rows.shape[0], target, None, 0, 0).view(x.shape)
+
+
+def lookup_all_reduce(ids: torch.Tensor, weight: torch.Tensor, vocab_start: int, vocab_end: int,
+                      target: PushTarget) -> torch.Tensor:
+    """The vocabulary-parallel embedding of ``ids`` (1-D) in one launch, ``[len(ids), hidden]``: each rank
+    looks up the tokens of its rows ``[vocab_start, vocab_end)`` of the table (``weight``: those rows), zeros for
+    the others, and pushes and adds as :func:`all_reduce_pushed`: every row comes from the rank that holds it,
+    bit for bit. In place of a masked lookup's several small launches and an all-reduce launch."""
+    if ids.dim() != 1 or ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"token ids must be a 1-D integer tensor, not {tuple(ids.shape)} {ids.dtype}")
+    if weight.stride(-1) != 1:
+        raise ValueError("the embedding table's rows must be contiguous")
+    return _push_and_add(weight, ids.shape[0], target, ids.contiguous(), vocab_start, vocab_end)
+
+
+def _push_and_add(x_rows: torch.Tensor, num_rows: int, target: PushTarget, ids: torch.Tensor | None,
+                  vocab_start: int, vocab_end: int) -> torch.Tensor:
+    """``_all_reduce_kernel`` over ``num_rows`` rows of ``x_rows`` (``ids``: rows looked up by token)."""
+    n = x_rows.shape[-1]
+    if x_rows.dtype != target.dtype or n != target.n or not 0 < num_rows <= target.max_rows:
+        raise ValueError(f"push target of {target.max_rows} rows of {target.n} {target.dtype} cannot all-reduce "
+                         f"{num_rows} rows of {n} {x_rows.dtype}")
+    per_word = checked_values_per_word(target)
+    out = torch.empty((num_rows, n), dtype=x_rows.dtype, device=x_rows.device)
     block_m = triton.next_power_of_2(num_rows)
     block_n = max(per_word, min(triton.next_power_of_2(n), ALL_REDUCE_TILE // block_m))
     pdl = use_pdl(out)
     _all_reduce_kernel[(triton.cdiv(n, block_n),)](
-        rows, out, target.slots, target.dest_ptrs, target.abort, num_rows, n, rows.stride(0), target.slots[0].numel(),
+        x_rows, out, target.slots, target.dest_ptrs, target.abort, num_rows, n, x_rows.stride(0),
+        target.slots[0].numel(), ids if ids is not None else out, vocab_start, vocab_end,
         RANK=target.rank, RANKS=target.world_size, VALUES_PER_WORD=per_word, BLOCK_M=block_m, BLOCK_N=block_n,
-        USE_PDL=pdl, launch_pdl=pdl,
+        USE_PDL=pdl, launch_pdl=pdl, LOOKUP=ids is not None,
     )
-    return out.view(x.shape)
+    return out

@@ -17,11 +17,11 @@ import torch
 from infer_parallel_tp.push_sites import MAX_ROWS, PushLayout
 
 
-def test_two_sites_a_layer_in_half_precision_only():
+def test_two_sites_a_layer_and_the_embeddings_in_half_precision_only():
     layout = PushLayout.for_model(36, 4096, 2, torch.bfloat16)  # Qwen3-8B at two ranks
-    assert (layout.num_sites, layout.hidden_size, layout.max_rows) == (72, 4096, MAX_ROWS)
+    assert (layout.num_sites, layout.hidden_size, layout.max_rows) == (73, 4096, MAX_ROWS)
     assert layout.words_per_row == 2048  # two bfloat16 values and a round a word
-    assert layout.nbytes == 72 * 2 * MAX_ROWS * 2048 * 8  # 18 MiB a rank
+    assert layout.nbytes == 73 * 2 * MAX_ROWS * 2048 * 8  # 18.25 MiB a rank
     assert PushLayout.for_model(36, 4096, 2, torch.float32) is None  # the GEMV never runs in float32
     assert PushLayout.for_model(36, 4096, 1, torch.bfloat16) is None
     assert PushLayout.for_model(36, 4095, 2, torch.bfloat16) is None  # an odd hidden size fills no word

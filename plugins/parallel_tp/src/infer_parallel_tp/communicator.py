@@ -82,9 +82,11 @@ class DistributedCommunicator(Communicator):
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         x = x.contiguous()
         if self.backend == "nccl":
-            out = torch.empty((self.world_size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+            out = torch.empty((self.world_size, *x.shape), dtype=x.dtype, device=x.device)  # the ranks' x stacked
             dist.all_gather_into_tensor(out, x)
-            parts = out.chunk(self.world_size, dim=0)
+            if dim in (-1, x.dim() - 1):  # a view, no copy, where x has one row (the LM head's logits at batch 1)
+                return out.movedim(0, -2).reshape(*x.shape[:-1], self.world_size * x.shape[-1])
+            parts = out.unbind(0)
         else:
             parts = [torch.empty_like(x) for _ in range(self.world_size)]
             dist.all_gather(parts, x)

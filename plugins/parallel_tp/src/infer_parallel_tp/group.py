@@ -74,7 +74,7 @@ def push_layout_for(config, world_size: int):
 
     model = config.model
     return PushLayout.for_model(model.num_layers, model.hidden_size, world_size, getattr(torch, config.dtype),
-                                mode=getattr(settings, PUSH_MODE_SETTING, "sum"))
+                                mode=getattr(settings, PUSH_MODE_SETTING, "gemv"))
 
 
 def join_group(placement: RankPlacement, store: dist.Store, *, enable_symm_mem: bool,

@@ -36,14 +36,14 @@ def _aligned(nbytes: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class PushLayout:
-    """How many sites of how many values, for a model: two sites a layer (o_proj, down_proj)."""
+    """How many sites of how many values, for a model: two sites a layer (o_proj, down_proj) and the embedding's."""
 
     num_sites: int
     hidden_size: int  # n of every site: the row-parallel layers' output
     world_size: int
     dtype: torch.dtype
     max_rows: int = MAX_ROWS
-    mode: str = "sum"  # PushTarget.mode: who adds the pushed values (the pushed_partial_sums_mode setting)
+    mode: str = "gemv"  # PushTarget.mode: who adds the pushed values (the pushed_partial_sums_mode setting)
 
     @property
     def words_per_row(self) -> int:
@@ -56,11 +56,12 @@ class PushLayout:
 
     @classmethod
     def for_model(cls, num_layers: int, hidden_size: int, world_size: int, dtype: torch.dtype,
-                  mode: str = "sum") -> PushLayout | None:
-        """The layout for a decoder of ``num_layers`` layers; None where the GEMV never runs (float32)."""
+                  mode: str = "gemv") -> PushLayout | None:
+        """The layout for a decoder of ``num_layers`` layers (two sites a layer, and one for the vocabulary-parallel
+        embedding's lookup); None where the GEMV never runs (float32)."""
         if dtype not in PUSH_DTYPES or world_size < 2 or hidden_size % values_per_word(dtype):
             return None
-        return cls(2 * num_layers, hidden_size, world_size, dtype, mode=mode)
+        return cls(2 * num_layers + 1, hidden_size, world_size, dtype, mode=mode)
 
 
 class PushSites:
