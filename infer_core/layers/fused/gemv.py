@@ -46,8 +46,8 @@ from infer_core.layers.partial_sums import checked_values_per_word, values_per_w
 LARGE_K = 4096  # from this K on, the large-K tiles of choose_config
 # There: 8 columns by 1024 at 8 warps. The H100's standalone sweep had chosen 32 KiB tiles at 16 warps (8 by 2048);
 # in whole decode steps on H200s the 8-warp tiles took Qwen3-8B from 4.599 to 4.565 ms with down_proj's alone
-# (4.584 o_proj's, 4.596 the LM head's; 4.625 -> 4.573 all three) and one TP=2 rank's pushed down_proj from 2.959
-# to 2.932 ms (decode-tiles-per-shape-* logs).
+# (4.584 o_proj's, 4.596 the LM head's: decode-tiles-per-shape-* logs; 4.625 -> 4.573 all three, another run:
+# decode-plain-gemv-large-k-8-warps-* log) and one TP=2 rank's pushed down_proj from 2.959 to 2.932 ms.
 LARGE_K_TILE = 8192  # elements of W a program loads per K step there (16 KiB of bf16)
 LARGE_K_WARPS = 8
 # After a norm, tiles of several K steps run persistent at 2 programs an SM. On the H100, a Qwen3-8B decode

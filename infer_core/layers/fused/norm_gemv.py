@@ -15,9 +15,10 @@ W is read before the PDL wait as in ``gemv.py``: a program whose tile holds all 
 (``config_after_rms_norm`` prefers those) loads it into registers; either way W streams in while the
 kernel before drains and while the norm's prologue runs, and the K loop is the plain GEMV's.
 
-Tiles of several K steps (K >= 4096: 8B-class models) launch persistent (``GemvConfig.programs_per_sm``):
-some two programs an SM, each walking column blocks, so the prologue runs once a program instead of
-once a block; at a program a block it ran once a wave, each time before the wave's first W load.
+Tiles of several K steps (gate_up from K=4096, qkv where no 4-column tile holds K) launch persistent
+(``GemvConfig.programs_per_sm``): some two programs an SM, each walking column blocks, so the prologue
+runs once a program instead of once a block; at a program a block it ran once a wave, each time before
+the wave's first W load.
 
 Bit for bit what ``fused/rms_norm.py``, ``fused/gemv.py`` and ``fused/silu_and_mul.py`` give one after
 the other: each value is rounded to the dtype where those kernels store it (the sum x + residual,
