@@ -113,6 +113,14 @@ def _values(words, offs, VALUE_DTYPE: tl.constexpr, VALUES_PER_WORD: tl.constexp
 
 
 @triton.jit
+def _waited_values(slot_ptr, offs, mask, round_, abort_ptr, VALUE_DTYPE: tl.constexpr, VALUES_PER_WORD: tl.constexpr):
+    """The values at element offsets ``offs`` of one rank's slot (``slot_ptr``), once their words carry ``round_``."""
+    ptrs = slot_ptr + offs // VALUES_PER_WORD
+    _wait_for_round(ptrs, mask, round_, abort_ptr)
+    return _values(tl.load(ptrs, mask=mask, other=0, volatile=True), offs, VALUE_DTYPE, VALUES_PER_WORD)
+
+
+@triton.jit
 def load_summed(slots_ptr, slot_words, offs, mask, abort_ptr, RANK: tl.constexpr, RANKS: tl.constexpr,
                 VALUE_DTYPE: tl.constexpr, VALUES_PER_WORD: tl.constexpr, WAIT: tl.constexpr):
     """The ranks' partial sums at element offsets ``offs`` of a slot, added in rank order and rounded to
@@ -147,9 +155,7 @@ def add_pushed_block(slots_ptr, slot_words, out_ptr, block, num_rows, N, round_,
     offs = block * _ADD_BLOCK + tl.arange(0, _ADD_BLOCK)
     mask = offs < num_rows * N
     for r in tl.static_range(RANKS):
-        ptrs = slots_ptr + r * slot_words + offs // VALUES_PER_WORD
-        _wait_for_round(ptrs, mask, round_, abort_ptr)
-        part = _values(tl.load(ptrs, mask=mask, other=0, volatile=True), offs, VALUE_DTYPE, VALUES_PER_WORD)
+        part = _waited_values(slots_ptr + r * slot_words, offs, mask, round_, abort_ptr, VALUE_DTYPE, VALUES_PER_WORD)
         if r == 0:
             acc = part
         else:
@@ -220,9 +226,7 @@ def _all_reduce_kernel(x_ptr, out_ptr, slots_ptr, dest_ptrs, abort_ptr, num_rows
         if r == RANK:
             part = x
         else:
-            ptrs = slots_ptr + r * slot_words + offs // VALUES_PER_WORD
-            _wait_for_round(ptrs, mask, round_, abort_ptr)
-            part = _values(tl.load(ptrs, mask=mask, other=0, volatile=True), offs, dtype, VALUES_PER_WORD)
+            part = _waited_values(slots_ptr + r * slot_words, offs, mask, round_, abort_ptr, dtype, VALUES_PER_WORD)
         if r == 0:
             acc = part
         else:
