@@ -129,7 +129,7 @@ def test_heuristic_fills_the_gpu_at_real_shapes(num_sms):
         assert cfg.block_n * cfg.block_k * 2 <= 16 << 10
         assert cfg.block_n * cfg.block_k // (32 * cfg.num_warps) <= 64  # W values a thread a step
         assert cfg.num_stages == (1 if cfg.block_k >= k or large_k else 3), (n, k, cfg)
-        if not large_k and 4 * triton.next_power_of_2(k) * 2 <= 16 << 10:
+        if not large_k and k == triton.next_power_of_2(k) and 4 * k * 2 <= 16 << 10:
             assert cfg.block_k >= k, (n, k, cfg)  # all of K in one step where 4 columns hold it
     assert choose_config(1024, 3072, 2, 132) == GemvConfig(block_n=4, block_k=1024, num_warps=2, num_stages=3,
                                                            prefetch_steps=1)  # 0.6B down_proj: L2 prefetch
@@ -137,6 +137,9 @@ def test_heuristic_fills_the_gpu_at_real_shapes(num_sms):
     # one TP=2 rank's o_proj of Qwen3-8B: one step of 4 columns, not two of 8 (enough programs either way)
     assert choose_config(4096, 2048, 2, 132) == GemvConfig(block_n=4, block_k=2048, num_warps=4, num_stages=1)
     assert choose_config(151936, 1024, 2, 132) == GemvConfig(block_n=8, block_k=1024, num_warps=4, num_stages=1)
+    # K not a power of two: even steps, as before (one step would mask a quarter of its lanes)
+    assert choose_config(1536, 1536, 2, 132) == GemvConfig(block_n=4, block_k=512, num_warps=1, num_stages=3,
+                                                           prefetch_steps=1)
 
 
 def test_prefetch_lines_only_with_pdl_and_several_k_steps():

@@ -121,8 +121,10 @@ def h100_prefetch(cfg, k: int) -> int:
     return prefetch_lines(cfg, k, 2, True)
 
 
-def gemv_asm(n: int, k: int, num_rows: int, cfg, prefetch: int, *, push_ranks: int = 0, bias: bool = True) -> dict:
-    """The GEMV's code; ``push_ranks``: pushing its sums to that many ranks (``fused/pushed_sums.py``)."""
+def gemv_asm(n: int, k: int, num_rows: int, cfg, prefetch: int, *, push_ranks: int = 0, bias: bool = True,
+             add_programs: int = 0) -> dict:
+    """The GEMV's code; ``push_ranks``: pushing its sums to that many ranks (``fused/pushed_sums.py``), the last
+    ``add_programs`` then adding every rank's (mode ``gemv``)."""
     from infer_core.layers.fused.gemv import _gemv_kernel
 
     t = torch.empty(1, dtype=torch.bfloat16)
@@ -135,7 +137,7 @@ def gemv_asm(n: int, k: int, num_rows: int, cfg, prefetch: int, *, push_ranks: i
         BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias, NUM_STAGES=cfg.num_stages, SINGLE_STEP=cfg.block_k >= k,
         PREFETCH_LINES=prefetch, USE_PDL=True, PUSH_RANKS=push_ranks,
-        PUSH_VALUES_PER_WORD=2 if push_ranks else 1, ADD_PROGRAMS=0), cfg.num_warps, cfg.num_stages)
+        PUSH_VALUES_PER_WORD=2 if push_ranks else 1, ADD_PROGRAMS=add_programs), cfg.num_warps, cfg.num_stages)
 
 
 def gemv_layouts(n: int, k: int, num_rows: int, cfg) -> list[str]:
@@ -182,7 +184,9 @@ def push_cases() -> list[dict]:
             cfg = choose_config(n, k, 2, SMS)
             plain, pushed = (float_ops(gemv_asm(n, k, num_rows, cfg, h100_prefetch(cfg, k), push_ranks=ranks,
                                                 bias=False)["ptx"]) for ranks in (0, 2))
-            cases.append(dict(case=f"{name} rows={num_rows}", plain=plain, pushed=pushed))
+            adding = float_ops(gemv_asm(n, k, num_rows, cfg, h100_prefetch(cfg, k), push_ranks=2, bias=False,
+                                        add_programs=num_rows * n // 1024)["ptx"])
+            cases.append(dict(case=f"{name} rows={num_rows}", plain=plain, pushed=pushed, adding=adding))
         for name, n, silu in (("qkv", (4096 + 2 * 1024) // 2, False), ("gate_up+silu", inter, True)):
             cfg = config_after_rms_norm(n, hidden, 2, SMS, silu=silu)
             on_tensor, on_partials = (fused_layouts(n, hidden, num_rows, cfg, norm=True, silu=silu, partial_ranks=r)
@@ -305,6 +309,8 @@ def test_pushing_changes_no_float_instruction_nor_sum_layout(layouts):
             assert all(i > last_rounding for i in moves), case["case"]
             arithmetic = [op for i, op in enumerate(pushed) if i not in moves]
             assert case["plain"] and arithmetic == case["plain"], case["case"]
+            # the last programs adding the ranks' words (mode gemv) come after: the GEMV's own code is unchanged
+            assert case["adding"][:len(pushed)] == pushed, case["case"]
         else:
             float_sums = [t for t in case["on_partials"] if "xi32," not in t]
             assert case["on_tensor"] and float_sums == case["on_tensor"], case["case"]

@@ -18,7 +18,7 @@ import torch
 
 from infer_core.builtin.quant_none import UnquantizedLinearMethod
 from infer_core.interfaces import Communicator, ParallelContext
-from infer_core.layers.fused.gemv import gemv, gemv_push
+from infer_core.layers.fused.gemv import GemvConfig, gemv, gemv_push
 from infer_core.layers.fused.gemv_fusion import NormLinear
 from infer_core.layers.fused.norm_gemv import rms_norm_gemv
 from infer_core.layers.fused.pushed_sums import all_reduce_pushed, lookup_all_reduce, sum_pushed
@@ -108,6 +108,26 @@ def test_pushing_gemv_adds_every_ranks_partial_sums_with_add(world, dtype, devic
         assert _rounds(targets[runner], num_rows) == [round_]
         if dtype == torch.float32:
             assert torch.equal(got, sum(gemv(x, w) for x, w in zip(xs, ws))), round_
+
+
+@pytest.mark.parametrize("num_rows", [1, 3])
+def test_several_adding_programs_cover_every_row(num_rows, device):
+    """1280 values a row: two adding programs at one row, four at three rows, blocks that end inside a row.
+
+    On a GPU only: the interpreter runs a launch's programs one after another, and an adding program waits for
+    words that programs after it store (on a GPU they run beside it)."""
+    if device == "cpu":
+        pytest.skip("the interpreter runs programs one at a time: the first adding program would wait forever")
+    n, dtype = 1280, torch.bfloat16
+    targets = local_push_targets(2, MAX_ROWS, n, dtype, device, mode="gemv")
+    gen = torch.Generator().manual_seed(num_rows)
+    xs = [torch.randn(num_rows, K_IN, generator=gen).to(device, dtype) for _ in range(2)]
+    ws = [(torch.randn(n, K_IN, generator=gen) / K_IN**0.5).to(device, dtype) for _ in range(2)]
+    gemv_push(xs[1], ws[1], targets[1])
+    got = gemv_push(xs[0], ws[0], targets[0], add=True)
+    assert torch.equal(got, sum_pushed(targets[1], num_rows))
+    with pytest.raises(ValueError, match="narrow the tiles"):
+        gemv_push(xs[0], ws[0], targets[0], add=True, config=GemvConfig(1024, 32, 4, 1))
 
 
 def test_pushing_gemv_that_adds_lets_through_on_abort(device):

@@ -220,11 +220,11 @@ def choose_config(n: int, k: int, element_size: int, num_sms: int, num_warps: in
             block_k //= 2
         return GemvConfig(block_n, block_k, num_warps=LARGE_K_WARPS, num_stages=1)
     tile = num_warps * 32 * VALUES_PER_THREAD if num_warps is not None else TILE_BYTES // element_size
-    # all of K in one step where a tile of 4 columns or more holds it: the tile loads before the PDL wait, while
-    # the kernel before drains (and before a fused norm's prologue). One TP=2 rank's share of Qwen3-8B on one
-    # H200 took 2.737 ms a step with o_proj (K=2048) in one step of 4 columns, 3.023 in two of 8 (and Qwen3-8B
-    # 4.447 with qkv in one step after its norm, 4.599 in two: decode-tiles-per-shape-* logs)
-    one_step = [b for b in (16, 8, 4) if b * whole_k <= tile]
+    # all of K in one step where a tile of 4 columns or more holds it (a plain GEMV's K a power of two: no masked
+    # lanes): the tile loads before the PDL wait, while the kernel before drains (and before a fused norm's
+    # prologue). One TP=2 rank's share of Qwen3-8B on one H200 took 2.737 ms a step with o_proj (K=2048) in one
+    # step of 4 columns, 3.023 in two of 8; Qwen3-8B 4.447 with qkv so after its norm, 4.599 (decode-tiles-per-shape-*)
+    one_step = [b for b in (16, 8, 4) if b * whole_k <= tile and (num_warps is not None or whole_k == k)]
     if one_step:
         block_n = next((b for b in one_step if b in enough_programs), one_step[-1])
         if num_warps is None:
@@ -334,7 +334,9 @@ def _launch(rows, weight, bias, out, cfg: GemvConfig, push: PushTarget | None,
     pdl = use_pdl(rows)
     unused = weight  # any tensor: the push arguments are not read without PUSH_RANKS, nor the sum's without ADD
     num_blocks = triton.cdiv(n, cfg.block_n)
-    add_programs = triton.cdiv(num_rows * n, SUM_BLOCK) if summed is not None else 0  # <= num_blocks: 8 rows at most
+    add_programs = triton.cdiv(num_rows * n, SUM_BLOCK) if summed is not None else 0
+    if add_programs > num_blocks:  # only tiles of over 128 columns: no config of choose_config's
+        raise ValueError(f"{num_blocks} programs of {cfg.block_n} columns cannot add {num_rows} rows: narrow the tiles")
     _gemv_kernel[(num_blocks,)](
         rows, weight, bias if bias is not None else weight, out, num_rows, n, k, rows.stride(0), weight.stride(0), n,
         push.dest_ptrs if push else unused, push.slots if push else unused, push.slots[0].numel() if push else 0,

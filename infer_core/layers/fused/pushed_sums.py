@@ -34,7 +34,9 @@ last programs, ``add_pushed_block``: no launch of its own; they wait for this ra
 ``sum`` (``sum_pushed``, a few programs right after the pushing GEMV), ``fused`` (the next norm + GEMV's
 prologue, ``load_summed``), or ``all_reduce`` (``all_reduce_pushed``: the GEMV stores as usual, and one small
 kernel pushes and adds). In mode ``gemv`` the adding programs take the round from their own push; they wait
-only on programs that never wait (this rank's and the peers' column blocks), so no launch can deadlock.
+only on programs that never wait (this rank's and the peers' column blocks), and are too few (a program per
+1024 values) to keep those off a GPU, so no launch can deadlock. Triton's interpreter, which runs a launch's
+programs one after another, can run only one adding program (the last) that way.
 Measured on two H200s, Qwen3-8B batch-1 decode (``python -m benchmarks.tp``, tree 19d16b0, TP=1 4.83 ms):
 sum 3.141 ms a step, all_reduce 3.265, the one-shot all-reduce kernel 3.503; fused 3.684-3.695 on earlier
 trees (its ~260 programs each wait on the words; letting it in late, or loading the words L2-only, was slower).

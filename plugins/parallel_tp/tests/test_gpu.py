@@ -149,6 +149,7 @@ PUSHED_BITS = textwrap.dedent(
                                                         enable_pushed_partial_sums=True, pushed_partial_sums_mode=mode)
         print("RESULT", json.dumps({
             "ref_pushed": ref_account["num_pushed"], "pushed": account["num_pushed"], "path": account["path"],
+            "push_sites": account["num_push_sites"],
             "same_tokens": tokens == ref_tokens,
             "max_abs_diff": max(float((a.float() - b.float()).abs().max()) for a, b in zip(logits, ref_logits)),
             "same_bits": all(torch.equal(a, b) for a, b in zip(logits, ref_logits)),
@@ -170,6 +171,8 @@ def test_pushed_partial_sums_give_the_all_reduce_bits(tiny_checkpoint, tmp_path,
     result = json.loads(lines[0][len("RESULT "):])
     assert result["ref_pushed"] == 0
     assert result["pushed"] > 0 and f"added by {mode}" in result["path"], result
+    num_layers = json.loads((tiny_checkpoint("qwen3") / "config.json").read_text())["num_hidden_layers"]
+    assert result["push_sites"] == 2 * num_layers + 1, result  # every row-parallel layer pushed, and the embedding
     assert result["same_tokens"] and result["same_bits"], result
     assert_no_workers_left()
 

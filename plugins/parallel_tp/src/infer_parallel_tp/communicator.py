@@ -61,11 +61,13 @@ class DistributedCommunicator(Communicator):
 
     def describe(self) -> dict[str, Any]:
         """Which all-reduce ran: the path chosen at start, its size limit, and the calls down each path."""
+        sites = self.one_shot.push_sites if self.one_shot is not None else None
         return {
             "path": self.all_reduce_path,
             "one_shot_max_bytes": self.one_shot.max_bytes if self.one_shot is not None else 0,
             "num_one_shot": self.num_one_shot,
             "num_pushed": self.num_pushed,
+            "num_push_sites": sites.num_taken if sites is not None else 0,
             f"num_{self.backend}": self.num_fallback,
         }
 

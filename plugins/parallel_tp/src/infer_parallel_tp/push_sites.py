@@ -110,6 +110,11 @@ class PushSites:
             index = self._site_of[site] = len(self._site_of)
         return self._targets[index]
 
+    @property
+    def num_taken(self) -> int:
+        """Sites assigned so far (the embedding's and each row-parallel layer's that pushed)."""
+        return len(self._site_of)
+
     def rescue_after_peer_death(self) -> None:
         """Let every wait for a peer's push through (the results are garbage: the engine is dead).
 
