@@ -2,7 +2,8 @@
 
 ``RowParallelLinear(x, defer_reduce=True)`` returns one where the communicator gives the layer a
 ``PushTarget`` of mode ``fused`` (tensor parallelism over symmetric memory, decode-sized batches), and a
-plain tensor elsewhere (in modes ``sum`` and ``all_reduce`` the sum, added by a small kernel). The next
+plain tensor elsewhere (in mode ``gemv`` the sum, added by the pushing GEMV's last programs; in modes
+``sum`` and ``all_reduce`` by a small kernel). The next
 norm + GEMV adds the partial sums in its own prologue (``fused/norm_gemv.py``); any other reader calls
 :func:`reduced`, one small kernel that waits for every rank and adds them (``fused/pushed_sums.py``).
 This module never imports triton.
