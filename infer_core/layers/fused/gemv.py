@@ -199,12 +199,12 @@ def choose_config(n: int, k: int, element_size: int, num_sms: int, num_warps: in
     The figure that matters is W bytes in flight per SM. Columns: the widest ``BLOCK_N`` of 16, 8, 4
     that still gives ``PROGRAMS_PER_SM`` programs an SM (N=1024 -> 4 columns, 256 programs), so no SM
     idles and a program can be loading while another on its SM sums. K: a 16 KiB W tile a step, 64
-    values a thread (4 warps at 16 KiB). All of K in one step wherever 4 or more columns leave room for
-    it (the narrower tile if need be: the kernels load a one-step tile before waiting on the kernel
-    before them, so W streams in while that one drains); else as wide as the columns leave, shrunk to a
-    power of two dividing K where one >= 256 does (K=3072 -> 1024: no masked tail), and a program of
-    several K steps keeps two more in flight (3 stages: cp.async into shared memory). From ``LARGE_K``
-    on, tiles of 8 columns by 1024 at 8 warps (``LARGE_K_TILE``). The row count does not change the
+    values a thread (4 warps at 16 KiB). All of K in one step where K is a power of two that 4 or more
+    columns leave room for (the narrower tile if need be: the kernels load a one-step tile before waiting
+    on the kernel before them, so W streams in while that one drains); else as wide as the columns leave,
+    shrunk to a power of two dividing K where one >= 256 does (K=3072 -> 1024: no masked tail), and a
+    program of several K steps keeps two more in flight (3 stages: cp.async into shared memory). From
+    ``LARGE_K`` on, 8 columns by 1024 at 8 warps (``LARGE_K_TILE``). The row count does not change the
     choice. ``python -m benchmarks.gemv --sweep`` times the alternatives.
 
     ``num_warps`` pins the warp count (a GEMV after an RMSNorm runs at the norm's: see
