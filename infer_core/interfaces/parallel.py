@@ -69,6 +69,13 @@ class Communicator(ABC):
         all-reduce (None: all-reduce them). The same answer on every rank for the same arguments."""
         return None
 
+    def gather_target(self, num_rows: int, n: int, dtype: torch.dtype) -> PushTarget | None:
+        """Where the LM head may push its ``[num_rows, n]`` logits for ``fused.pushed_sums.all_gather_pushed``
+        instead of :meth:`all_gather` (None: all-gather them). The same answer on every rank for the same
+        arguments. One site: its next push must follow a collective that comes after its last all-gather (a
+        model's layers all-reduce between two LM heads), so that every rank has read the last one."""
+        return None
+
 
 class SingleRankCommunicator(Communicator):
     """The collectives of a world of one: identities."""

@@ -3,7 +3,8 @@
 Each rank holds a contiguous slice of the (padded) vocabulary. The embedding zeroes tokens
 outside its slice and all-reduces; the LM head all-gathers its logits slices, so every rank samples.
 Where the communicator offers a push site (GPUs with symmetric memory, decode-sized batches) the
-lookup, the zeroing and the all-reduce are one launch (``fused/pushed_sums.lookup_all_reduce``).
+lookup, the zeroing and the all-reduce are one launch (``fused/pushed_sums.lookup_all_reduce``), and
+so is the LM head's all-gather (``all_gather_pushed``: no NCCL launch in a decode step's graph).
 """
 
 from __future__ import annotations
@@ -77,5 +78,16 @@ class ParallelLMHead(VocabParallelEmbedding):
         # rank's vocabulary slice, tied to the embedding or not
         logits = dense_linear(hidden, self.weight, None, fused.GEMV)
         if self.parallel.world_size > 1:
-            logits = self.parallel.communicator.all_gather(logits, dim=-1)
+            logits = self._all_gather(logits)
         return logits[..., : self.vocab_size]
+
+    def _all_gather(self, logits: torch.Tensor) -> torch.Tensor:
+        communicator = self.parallel.communicator
+        target = None
+        if logits.dim() == 2 and logits.is_cuda:
+            target = communicator.gather_target(logits.shape[0], logits.shape[1], logits.dtype)
+        if target is None:
+            return communicator.all_gather(logits, dim=-1)
+        from infer_core.layers.fused.pushed_sums import all_gather_pushed
+
+        return all_gather_pushed(logits, target)

@@ -126,6 +126,7 @@ def gemv_asm(n: int, k: int, num_rows: int, cfg, prefetch: int, *, push_ranks: i
     """The GEMV's code; ``push_ranks``: pushing its sums to that many ranks (``fused/pushed_sums.py``), the last
     ``add_programs`` then adding every rank's (mode ``gemv``)."""
     from infer_core.layers.fused.gemv import _gemv_kernel
+    from infer_core.layers.fused.pushed_sums import ADD_BLOCK
 
     t = torch.empty(1, dtype=torch.bfloat16)
     words = torch.empty(1, dtype=torch.int64)  # push: y is this rank's slot of 64-bit words; the slots' addresses
@@ -137,7 +138,8 @@ def gemv_asm(n: int, k: int, num_rows: int, cfg, prefetch: int, *, push_ranks: i
         BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias, NUM_STAGES=cfg.num_stages, SINGLE_STEP=cfg.block_k >= k,
         PREFETCH_LINES=prefetch, USE_PDL=True, PUSH_RANKS=push_ranks,
-        PUSH_VALUES_PER_WORD=2 if push_ranks else 1, ADD_PROGRAMS=add_programs), cfg.num_warps, cfg.num_stages)
+        PUSH_VALUES_PER_WORD=2 if push_ranks else 1, ADD_PROGRAMS=add_programs, ADD_BLOCK=ADD_BLOCK), cfg.num_warps,
+        cfg.num_stages)
 
 
 def gemv_layouts(n: int, k: int, num_rows: int, cfg) -> list[str]:
@@ -176,6 +178,7 @@ def push_cases() -> list[dict]:
     """Qwen3-8B at two ranks: the row-parallel GEMVs plain and pushing, the norm + GEMVs on a tensor and on
     two ranks' pushed partial sums (``fused/pushed_sums.py``)."""
     from infer_core.layers.fused.gemv import choose_config, config_after_rms_norm
+    from infer_core.layers.fused.pushed_sums import ADD_BLOCK
 
     hidden, heads_dim, inter = 4096, 4096, 12288
     cases = []
@@ -185,7 +188,7 @@ def push_cases() -> list[dict]:
             plain, pushed = (float_ops(gemv_asm(n, k, num_rows, cfg, h100_prefetch(cfg, k), push_ranks=ranks,
                                                 bias=False)["ptx"]) for ranks in (0, 2))
             adding = float_ops(gemv_asm(n, k, num_rows, cfg, h100_prefetch(cfg, k), push_ranks=2, bias=False,
-                                        add_programs=num_rows * n // 1024)["ptx"])
+                                        add_programs=num_rows * n // ADD_BLOCK)["ptx"])
             cases.append(dict(case=f"{name} rows={num_rows}", plain=plain, pushed=pushed, adding=adding))
         for name, n, silu in (("qkv", (4096 + 2 * 1024) // 2, False), ("gate_up+silu", inter, True)):
             cfg = config_after_rms_norm(n, hidden, 2, SMS, silu=silu)

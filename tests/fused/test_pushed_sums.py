@@ -21,7 +21,7 @@ from infer_core.interfaces import Communicator, ParallelContext
 from infer_core.layers.fused.gemv import GemvConfig, gemv, gemv_push
 from infer_core.layers.fused.gemv_fusion import NormLinear
 from infer_core.layers.fused.norm_gemv import rms_norm_gemv
-from infer_core.layers.fused.pushed_sums import all_reduce_pushed, lookup_all_reduce, sum_pushed
+from infer_core.layers.fused.pushed_sums import all_gather_pushed, all_reduce_pushed, lookup_all_reduce, sum_pushed
 from infer_core.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from infer_core.layers.norm import RMSNorm
 from infer_core.layers.partial_sums import PartialSums, reduced
@@ -219,6 +219,39 @@ def test_all_reduce_kernel_lets_through_on_abort_and_refuses_what_does_not_fit(d
         all_reduce_pushed(torch.randn(3, N, device=device), targets[0])
     with pytest.raises(ValueError, match="cannot all-reduce"):
         all_reduce_pushed(torch.randn(1, N, device=device, dtype=torch.bfloat16), targets[0])
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_all_gather_kernel_puts_every_ranks_values_side_by_side(world, dtype, device):
+    """The LM head's all-gather: each round one rank runs the kernel (the others pushed first: the ranks are not
+    concurrent here) and gets every rank's rows side by side in rank order, the bits each rank had."""
+    n = 2 * N  # the logits a rank holds; two tiles of the kernel at one row
+    targets = local_push_targets(world, MAX_ROWS, n, dtype, device)
+    gen = torch.Generator().manual_seed(10 + world)
+    for round_, num_rows in enumerate((1, 3, MAX_ROWS, 1), start=1):
+        xs = [torch.randn(num_rows, n, generator=gen).to(device, dtype) for _ in range(world)]
+        runner = round_ % world
+        for rank in range(world):
+            if rank != runner:
+                _push_as_is(xs[rank], targets[rank])
+        got = all_gather_pushed(xs[runner], targets[runner])
+        assert got.shape == (num_rows, world * n) and torch.equal(got, torch.cat(xs, dim=-1)), round_
+        assert _rounds(targets[runner], num_rows) == [round_]  # its own push reached every rank with the round
+        for rank in range(world):
+            if rank != runner:
+                assert _rounds(targets[rank], num_rows) == [round_], (round_, rank)
+
+
+def test_all_gather_kernel_lets_through_on_abort_and_refuses_what_does_not_fit(device):
+    targets = local_push_targets(2, 2, N, torch.bfloat16, device)
+    targets[0].abort.fill_(1)
+    got = all_gather_pushed(torch.ones(1, N, device=device, dtype=torch.bfloat16), targets[0])  # rank 1 never pushes
+    assert got.shape == (1, 2 * N) and torch.equal(got[:, :N].float().cpu(), torch.ones(1, N))
+    with pytest.raises(ValueError, match="cannot all-gather 3 rows"):
+        all_gather_pushed(torch.randn(3, N, device=device, dtype=torch.bfloat16), targets[0])
+    with pytest.raises(ValueError, match=r"\[rows, n\]"):
+        all_gather_pushed(torch.randn(1, 1, N, device=device, dtype=torch.bfloat16), targets[0])
 
 
 @pytest.mark.parametrize("world", [2, 3])

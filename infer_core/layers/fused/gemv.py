@@ -38,7 +38,7 @@ import triton.language as tl
 from infer_core.interfaces import PushTarget
 from infer_core.layers.fused import use_pdl
 from infer_core.layers.fused.pdl import pdl_enter
-from infer_core.layers.fused.pushed_sums import SUM_BLOCK, add_pushed_block, push_tile
+from infer_core.layers.fused.pushed_sums import add_pushed_block, adding_block, push_tile
 from infer_core.layers.fused.rms_norm import MAX_SINGLE_PASS
 from infer_core.layers.fused.rms_norm import _tiles as norm_tiles
 from infer_core.layers.partial_sums import checked_values_per_word, values_per_word
@@ -146,6 +146,7 @@ def _gemv_kernel(
     PUSH_RANKS: tl.constexpr,
     PUSH_VALUES_PER_WORD: tl.constexpr,
     ADD_PROGRAMS: tl.constexpr,
+    ADD_BLOCK: tl.constexpr,
 ):
     """``y = x @ W^T (+ bias)``; with ``PUSH_RANKS`` > 0, y is pushed as this rank's words of a site to every
     rank instead, ``y_ptr`` being this rank's slot here (``fused/pushed_sums.py``), and with ``ADD_PROGRAMS``
@@ -186,7 +187,7 @@ def _gemv_kernel(
             block = tl.program_id(0) - (tl.num_programs(0) - ADD_PROGRAMS)
             if block >= 0:
                 add_pushed_block(slots_ptr, slot_words, sum_ptr, block, num_rows, N, round_, abort_ptr, PUSH_RANKS,
-                                 x_ptr.dtype.element_ty, PUSH_VALUES_PER_WORD)
+                                 x_ptr.dtype.element_ty, PUSH_VALUES_PER_WORD, ADD_BLOCK)
     else:
         y_ptrs = y_ptr + offs_m[:, None] * stride_ym + cols[None, :]
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m[:, None] < num_rows) & (cols[None, :] < N))
@@ -334,7 +335,8 @@ def _launch(rows, weight, bias, out, cfg: GemvConfig, push: PushTarget | None,
     pdl = use_pdl(rows)
     unused = weight  # any tensor: the push arguments are not read without PUSH_RANKS, nor the sum's without ADD
     num_blocks = triton.cdiv(n, cfg.block_n)
-    add_programs = triton.cdiv(num_rows * n, SUM_BLOCK) if summed is not None else 0
+    add_block = adding_block(num_rows * n, rows.is_cuda)
+    add_programs = triton.cdiv(num_rows * n, add_block) if summed is not None else 0
     if add_programs > num_blocks:  # only tiles of over 128 columns: no config of choose_config's
         raise ValueError(f"{num_blocks} programs of {cfg.block_n} columns cannot add {num_rows} rows: narrow the tiles")
     _gemv_kernel[(num_blocks,)](
@@ -347,7 +349,7 @@ def _launch(rows, weight, bias, out, cfg: GemvConfig, push: PushTarget | None,
         PREFETCH_LINES=prefetch_lines(cfg, k, rows.element_size(), pdl), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, USE_PDL=pdl, launch_pdl=pdl,
         PUSH_RANKS=push.world_size if push else 0, PUSH_VALUES_PER_WORD=values_per_word(push.dtype) if push else 1,
-        ADD_PROGRAMS=add_programs,
+        ADD_PROGRAMS=add_programs, ADD_BLOCK=add_block,
     )
 
 

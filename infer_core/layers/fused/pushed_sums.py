@@ -34,9 +34,11 @@ last programs, ``add_pushed_block``: no launch of its own; they wait for this ra
 ``sum`` (``sum_pushed``, a few programs right after the pushing GEMV), ``fused`` (the next norm + GEMV's
 prologue, ``load_summed``), or ``all_reduce`` (``all_reduce_pushed``: the GEMV stores as usual, and one small
 kernel pushes and adds). In mode ``gemv`` the adding programs take the round from their own push; they wait
-only on programs that never wait (this rank's and the peers' column blocks), and are too few (a program per
-1024 values) to keep those off a GPU, so no launch can deadlock. Triton's interpreter, which runs a launch's
-programs one after another, can run only one adding program (the last) that way.
+only on programs that never wait (this rank's and the peers' column blocks), and are too few (a program
+per ``ADD_BLOCK`` values) to keep those off a GPU, so no launch can deadlock. Triton's interpreter runs a
+launch's programs one after another, so there the last program adds every value (``adding_block``).
+The all-reduce kernel also all-gathers (``all_gather_pushed``, the LM head's logits over a site of their own):
+each rank's values are copied side by side instead of added.
 Measured on two H200s, Qwen3-8B batch-1 decode (``python -m benchmarks.tp``, tree 19d16b0, TP=1 4.83 ms):
 sum 3.141 ms a step, all_reduce 3.265, the one-shot all-reduce kernel 3.503; fused 3.684-3.695 on earlier
 trees (its ~260 programs each wait on the words; letting it in late, or loading the words L2-only, was slower).
@@ -53,8 +55,10 @@ from infer_core.layers.fused import use_pdl
 from infer_core.layers.fused.pdl import pdl_enter
 from infer_core.layers.partial_sums import checked_values_per_word, values_per_word
 
-SUM_BLOCK = 1024  # elements a program of _sum_kernel (or an adding program of the GEMV) adds
-_ADD_BLOCK = tl.constexpr(SUM_BLOCK)
+SUM_BLOCK = 1024  # elements a program of _sum_kernel adds
+# values an adding program of the pushing GEMV adds (mode gemv). On two H200s, Qwen3-8B TP=2 decode at 33d2e00:
+# 2.735 ms a step at 256 and at 128, 2.756 at 1024 (one run each); more, narrower programs start adding sooner
+ADD_BLOCK = 256
 
 
 @triton.jit
@@ -150,11 +154,11 @@ def load_summed(slots_ptr, slot_words, offs, mask, abort_ptr, RANK: tl.constexpr
 
 @triton.jit
 def add_pushed_block(slots_ptr, slot_words, out_ptr, block, num_rows, N, round_, abort_ptr, RANKS: tl.constexpr,
-                     VALUE_DTYPE: tl.constexpr, VALUES_PER_WORD: tl.constexpr):
-    """Elements ``[block * SUM_BLOCK, (block + 1) * SUM_BLOCK)`` of ``out`` ``[num_rows, N]``: every rank's words
+                     VALUE_DTYPE: tl.constexpr, VALUES_PER_WORD: tl.constexpr, BLOCK: tl.constexpr):
+    """Elements ``[block * BLOCK, (block + 1) * BLOCK)`` of ``out`` ``[num_rows, N]``: every rank's words
     there, this rank's too, once they carry ``round_``, added in rank order and rounded once (mode ``gemv``: the
     pushing GEMV's last programs call it, so this rank's words come from other programs of the same launch)."""
-    offs = block * _ADD_BLOCK + tl.arange(0, _ADD_BLOCK)
+    offs = block * BLOCK + tl.arange(0, BLOCK)
     mask = offs < num_rows * N
     for r in tl.static_range(RANKS):
         part = _waited_values(slots_ptr + r * slot_words, offs, mask, round_, abort_ptr, VALUE_DTYPE, VALUES_PER_WORD)
@@ -163,6 +167,15 @@ def add_pushed_block(slots_ptr, slot_words, out_ptr, block, num_rows, N, round_,
         else:
             acc += part
     tl.store(out_ptr + offs, acc.to(VALUE_DTYPE), mask=mask)
+
+
+def adding_block(num_values: int, on_gpu: bool) -> int:
+    """Values each adding program of a pushing GEMV adds (mode ``gemv``), ``num_values`` being the sum's.
+
+    ``ADD_BLOCK`` on a GPU. Triton's interpreter runs a launch's programs one after another, so an adding
+    program there could wait for a push of a program after it: one program, the last, adds them all.
+    """
+    return ADD_BLOCK if on_gpu else triton.next_power_of_2(num_values)
 
 
 @triton.jit(do_not_specialize=["num_rows"])
@@ -198,8 +211,9 @@ def sum_pushed(target: PushTarget, num_rows: int) -> torch.Tensor:
 def _all_reduce_kernel(x_ptr, out_ptr, slots_ptr, dest_ptrs, abort_ptr, num_rows, N, stride_xm, slot_words,
                        ids_ptr, vocab_start, vocab_end, RANK: tl.constexpr, RANKS: tl.constexpr,
                        VALUES_PER_WORD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       USE_PDL: tl.constexpr, LOOKUP: tl.constexpr):
-    """``out = sum over ranks of x``: this program's columns of x pushed to every rank, then every rank's added.
+                       USE_PDL: tl.constexpr, LOOKUP: tl.constexpr, GATHER: tl.constexpr):
+    """``out = sum over ranks of x``: this program's columns of x pushed to every rank, then every rank's added;
+    with ``GATHER``, ``out [rows, RANKS * N]`` is every rank's x side by side instead (the all-gather).
 
     With ``LOOKUP``, x is an embedding table's rows ``[vocab_start, vocab_end)``, and row m of what is summed
     is token ``ids[m]``'s row there, or zeros where this rank does not hold it (the vocabulary-parallel lookup).
@@ -229,11 +243,14 @@ def _all_reduce_kernel(x_ptr, out_ptr, slots_ptr, dest_ptrs, abort_ptr, num_rows
             part = x
         else:
             part = _waited_values(slots_ptr + r * slot_words, offs, mask, round_, abort_ptr, dtype, VALUES_PER_WORD)
-        if r == 0:
+        if GATHER:  # rank r's values are columns [r * N, (r + 1) * N) of out
+            tl.store(out_ptr + offs_m[:, None] * (RANKS * N) + r * N + cols[None, :], part.to(dtype), mask=mask)
+        elif r == 0:
             acc = part
         else:
             acc += part
-    tl.store(out_ptr + offs_m[:, None] * N + cols[None, :], acc.to(dtype), mask=mask)
+    if not GATHER:
+        tl.store(out_ptr + offs_m[:, None] * N + cols[None, :], acc.to(dtype), mask=mask)
 
 
 ALL_REDUCE_TILE = 1024  # values a program of _all_reduce_kernel pushes and adds: 4 programs for one 4096-wide row
@@ -254,6 +271,18 @@ def all_reduce_pushed(x: torch.Tensor, target: PushTarget) -> torch.Tensor:
     return _push_and_add(rows, rows.shape[0], target, None, 0, 0).view(x.shape)
 
 
+def all_gather_pushed(x: torch.Tensor, target: PushTarget) -> torch.Tensor:
+    """Every rank's ``x`` ``[rows, n]`` side by side in rank order, ``[rows, world * n]``, in one launch that pushes
+    this rank's values into its slot of ``target`` on every rank and copies every rank's once they carry the round.
+
+    For the LM head's logits, in place of NCCL's all-gather (the Qwen3-8B TP=2 rank-0 trace at 36548bd: 8.6 us,
+    and NCCL's event nodes in each decode graph). The values are copied, not rounded: the bits of every rank's x.
+    """
+    if x.dim() != 2 or x.stride(-1) != 1:
+        raise ValueError(f"all_gather_pushed takes [rows, n] rows with contiguous values, not {tuple(x.shape)}")
+    return _push_and_add(x, x.shape[0], target, None, 0, 0, gather=True)
+
+
 def lookup_all_reduce(ids: torch.Tensor, weight: torch.Tensor, vocab_start: int, vocab_end: int,
                       target: PushTarget) -> torch.Tensor:
     """The vocabulary-parallel embedding of ``ids`` (1-D) in one launch, ``[len(ids), hidden]``: each rank
@@ -268,14 +297,14 @@ def lookup_all_reduce(ids: torch.Tensor, weight: torch.Tensor, vocab_start: int,
 
 
 def _push_and_add(x_rows: torch.Tensor, num_rows: int, target: PushTarget, ids: torch.Tensor | None,
-                  vocab_start: int, vocab_end: int) -> torch.Tensor:
+                  vocab_start: int, vocab_end: int, gather: bool = False) -> torch.Tensor:
     """``_all_reduce_kernel`` over ``num_rows`` rows of ``x_rows`` (``ids``: rows looked up by token)."""
     n = x_rows.shape[-1]
     if x_rows.dtype != target.dtype or n != target.n or not 0 < num_rows <= target.max_rows:
-        raise ValueError(f"push target of {target.max_rows} rows of {target.n} {target.dtype} cannot all-reduce "
-                         f"{num_rows} rows of {n} {x_rows.dtype}")
+        raise ValueError(f"push target of {target.max_rows} rows of {target.n} {target.dtype} cannot "
+                         f"{'all-gather' if gather else 'all-reduce'} {num_rows} rows of {n} {x_rows.dtype}")
     per_word = checked_values_per_word(target)
-    out = torch.empty((num_rows, n), dtype=x_rows.dtype, device=x_rows.device)
+    out = torch.empty((num_rows, target.world_size * n if gather else n), dtype=x_rows.dtype, device=x_rows.device)
     block_m = triton.next_power_of_2(num_rows)
     block_n = max(per_word, min(triton.next_power_of_2(n), ALL_REDUCE_TILE // block_m))
     pdl = use_pdl(out)
@@ -283,6 +312,6 @@ def _push_and_add(x_rows: torch.Tensor, num_rows: int, target: PushTarget, ids: 
         x_rows, out, target.slots, target.dest_ptrs, target.abort, num_rows, n, x_rows.stride(0),
         target.slots[0].numel(), ids if ids is not None else out, vocab_start, vocab_end,
         RANK=target.rank, RANKS=target.world_size, VALUES_PER_WORD=per_word, BLOCK_M=block_m, BLOCK_N=block_n,
-        USE_PDL=pdl, launch_pdl=pdl, LOOKUP=ids is not None,
+        USE_PDL=pdl, launch_pdl=pdl, LOOKUP=ids is not None, GATHER=gather,
     )
     return out

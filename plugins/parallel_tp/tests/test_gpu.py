@@ -149,7 +149,7 @@ PUSHED_BITS = textwrap.dedent(
                                                         enable_pushed_partial_sums=True, pushed_partial_sums_mode=mode)
         print("RESULT", json.dumps({
             "ref_pushed": ref_account["num_pushed"], "pushed": account["num_pushed"], "path": account["path"],
-            "push_sites": account["num_push_sites"],
+            "push_sites": account["num_push_sites"], "gathers_pushed": account["num_gathers_pushed"],
             "same_tokens": tokens == ref_tokens,
             "max_abs_diff": max(float((a.float() - b.float()).abs().max()) for a, b in zip(logits, ref_logits)),
             "same_bits": all(torch.equal(a, b) for a, b in zip(logits, ref_logits)),
@@ -160,8 +160,9 @@ PUSHED_BITS = textwrap.dedent(
 
 @pytest.mark.parametrize("mode", ["fused", "sum", "gemv", "all_reduce"])
 def test_pushed_partial_sums_give_the_all_reduce_bits(tiny_checkpoint, tmp_path, assert_no_workers_left, mode):
-    """Two ranks' bfloat16 partial sums, pushed and added in each mode, are NCCL's correctly rounded sums: every
-    step's logits are the same bits as with every all-reduce through NCCL (graphs captured both ways)."""
+    """Two ranks' bfloat16 partial sums, pushed and added in each mode, are NCCL's correctly rounded sums, and the
+    LM head's pushed all-gather NCCL's: every step's logits are the same bits as with every all-reduce and
+    all-gather through NCCL (graphs captured both ways)."""
     script = tmp_path / "pushed_bits.py"
     script.write_text(PUSHED_BITS)
     run = subprocess.run([sys.executable, str(script), str(tiny_checkpoint("qwen3")), mode], capture_output=True,
@@ -173,6 +174,7 @@ def test_pushed_partial_sums_give_the_all_reduce_bits(tiny_checkpoint, tmp_path,
     assert result["pushed"] > 0 and f"added by {mode}" in result["path"], result
     num_layers = json.loads((tiny_checkpoint("qwen3") / "config.json").read_text())["num_hidden_layers"]
     assert result["push_sites"] == 2 * num_layers + 1, result  # every row-parallel layer pushed, and the embedding
+    assert result["gathers_pushed"] > 0, result  # the LM head's logits too (their bits are the NCCL all-gather's)
     assert result["same_tokens"] and result["same_bits"], result
     assert_no_workers_left()
 

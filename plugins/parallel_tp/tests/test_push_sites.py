@@ -19,9 +19,13 @@ from infer_parallel_tp.push_sites import MAX_ROWS, PushLayout
 
 def test_two_sites_a_layer_and_the_embeddings_in_half_precision_only():
     layout = PushLayout.for_model(36, 4096, 2, torch.bfloat16)  # Qwen3-8B at two ranks
-    assert (layout.num_sites, layout.hidden_size, layout.max_rows) == (73, 4096, MAX_ROWS)
+    assert (layout.num_sites, layout.hidden_size, layout.max_rows, layout.gather_n) == (73, 4096, MAX_ROWS, 0)
     assert layout.words_per_row == 2048  # two bfloat16 values and a round a word
     assert layout.nbytes == 73 * 2 * MAX_ROWS * 2048 * 8  # 18.25 MiB a rank
+    with_head = PushLayout.for_model(36, 4096, 2, torch.bfloat16, vocab_rows=75968)  # and its LM head's gather
+    assert with_head.gather_n == 75968 and with_head.sites_nbytes == layout.nbytes
+    assert with_head.nbytes == layout.nbytes + 2 * MAX_ROWS * 75968 // 2 * 8  # 4.6 MiB more
+    assert PushLayout.for_model(36, 4096, 2, torch.bfloat16, vocab_rows=75969).gather_n == 0  # an odd slice: none
     assert PushLayout.for_model(36, 4096, 2, torch.float32) is None  # the GEMV never runs in float32
     assert PushLayout.for_model(36, 4096, 1, torch.bfloat16) is None
     assert PushLayout.for_model(36, 4095, 2, torch.bfloat16) is None  # an odd hidden size fills no word
@@ -34,7 +38,7 @@ SIMULATED_RANKS = textwrap.dedent(
     import torch
     import torch.distributed as dist
     from infer_core.layers.fused.gemv import gemv, gemv_push
-    from infer_core.layers.fused.pushed_sums import sum_pushed
+    from infer_core.layers.fused.pushed_sums import all_gather_pushed, sum_pushed
     from infer_parallel_tp.push_sites import PushLayout, PushSites
 
     WORLD, N, K, OFFSET = 2, 24, 16, 64  # OFFSET: the one-shot all-reduce's bytes before the sites
@@ -48,10 +52,12 @@ SIMULATED_RANKS = textwrap.dedent(
             count = torch.Size(sizes).numel()
             return self.buffers[rank].view(dtype)[storage_offset:storage_offset + count].view(sizes)
 
-    layout = PushLayout(num_sites=3, hidden_size=N, world_size=WORLD, dtype=torch.bfloat16)
+    VOCAB = 20  # each rank's slice of the LM head
+    layout = PushLayout(num_sites=3, hidden_size=N, world_size=WORLD, dtype=torch.bfloat16, gather_n=VOCAB)
     buffers = [torch.full((OFFSET + layout.nbytes,), 255, dtype=torch.uint8) for _ in range(WORLD)]
     sites = [PushSites(Rendezvous(buffers), r, layout, OFFSET, torch.device("cpu")) for r in range(WORLD)]
     assert all(int(s.slots.abs().sum()) == 0 for s in sites)  # zeroed: round 0 (the buffer held 0xff)
+    assert all(int(s.gather.slots.abs().sum()) == 0 for s in sites)
     for s in sites:
         assert s.target("layers.0.o_proj", 1, N, torch.bfloat16) is s._targets[0]
         assert s.target("layers.0.down_proj", 2, N, torch.bfloat16) is s._targets[1]
@@ -77,6 +83,19 @@ SIMULATED_RANKS = textwrap.dedent(
         rounds = (sites[r].slots >> 32) & 0xFFFFFFFF  # of each word: site 1's first 2 rows pushed once
         assert rounds[1, :, :2].unique().tolist() == [1] and rounds[1, :, 2:].unique().tolist() == [0]
         assert rounds[0].unique().tolist() == [0] and rounds[2].unique().tolist() == [0]
+    # the gather site: after the sites, to the buffer's end; rank 1 pushes first (the ranks are not concurrent)
+    assert sites[1].gather.slots.data_ptr() == buffers[1].data_ptr() + OFFSET + layout.sites_nbytes
+    assert sites[1].gather.slots.shape == (WORLD, 8, VOCAB // 2) and layout.nbytes % 16 == 0
+    assert OFFSET + layout.nbytes == buffers[1].numel()
+    assert int(sites[0].gather.dest_ptrs[1]) == sites[1].gather.slots[0].data_ptr()
+    assert sites[0].gather_target(3, VOCAB, torch.bfloat16) is sites[0].gather
+    assert sites[0].gather_target(9, VOCAB, torch.bfloat16) is None
+    assert sites[0].gather_target(1, N, torch.bfloat16) is None
+    logits = [torch.randn(3, VOCAB, generator=gen).to(torch.bfloat16) for _ in range(WORLD)]
+    gemv_push(logits[1], torch.eye(VOCAB, dtype=torch.bfloat16), sites[1].gather)  # rank 1's words, as they are
+    got = all_gather_pushed(logits[0], sites[0].gather_target(3, VOCAB, torch.bfloat16))
+    assert torch.equal(got, torch.cat(logits, dim=-1))  # rank 0's: its own slice, then rank 1's pushed
+    assert ((sites[1].gather.slots[0, :3] >> 32) == 1).all()  # rank 0's logits reached rank 1 with round 1
     print("OK")
     """
 )

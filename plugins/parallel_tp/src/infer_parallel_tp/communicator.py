@@ -35,6 +35,7 @@ class DistributedCommunicator(Communicator):
         self.num_one_shot = 0  # calls issued down each path (a captured call counts once, not per replay)
         self.num_fallback = 0
         self.num_pushed = 0  # row-parallel outputs pushed as partial sums instead (push_target)
+        self.num_gathers_pushed = 0  # LM-head all-gathers pushed instead (gather_target)
         self._noted: set[str] = set()
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
@@ -59,6 +60,14 @@ class DistributedCommunicator(Communicator):
             self.num_pushed += 1
         return target
 
+    def gather_target(self, num_rows: int, n: int, dtype: torch.dtype) -> PushTarget | None:
+        """The push sites' gather site where the group set them up and the logits fit it; else None."""
+        sites = self.one_shot.push_sites if self.one_shot is not None else None
+        target = sites.gather_target(num_rows, n, dtype) if sites is not None else None
+        if target is not None:
+            self.num_gathers_pushed += 1
+        return target
+
     def describe(self) -> dict[str, Any]:
         """Which all-reduce ran: the path chosen at start, its size limit, and the calls down each path."""
         sites = self.one_shot.push_sites if self.one_shot is not None else None
@@ -68,6 +77,7 @@ class DistributedCommunicator(Communicator):
             "num_one_shot": self.num_one_shot,
             "num_pushed": self.num_pushed,
             "num_push_sites": sites.num_taken if sites is not None else 0,
+            "num_gathers_pushed": self.num_gathers_pushed,
             f"num_{self.backend}": self.num_fallback,
         }
 

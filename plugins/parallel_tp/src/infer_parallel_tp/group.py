@@ -70,11 +70,14 @@ def push_layout_for(config, world_size: int):
     settings = config.settings
     if not (symm_mem_all_reduce_enabled(settings) and getattr(settings, PUSH_SETTING, False)):
         return None
+    from infer_core.layers.embedding import vocab_rows_per_rank
+
     from infer_parallel_tp.push_sites import PushLayout
 
     model = config.model
     return PushLayout.for_model(model.num_layers, model.hidden_size, world_size, getattr(torch, config.dtype),
-                                mode=getattr(settings, PUSH_MODE_SETTING, "gemv"))
+                                mode=getattr(settings, PUSH_MODE_SETTING, "gemv"),
+                                vocab_rows=vocab_rows_per_rank(model.vocab_size, world_size))
 
 
 def join_group(placement: RankPlacement, store: dist.Store, *, enable_symm_mem: bool,

@@ -4,9 +4,11 @@ The core's ``PushTarget`` (``infer_core.interfaces.parallel``) names, for one ro
 slot its GEMV fills on every rank; ``layers/fused/pushed_sums.py`` has the kernels and the protocol
 (each 64-bit word of a slot carries 32 bits of values and the round of the push that wrote them).
 This module lays the sites out in the symmetric-memory buffer after the one-shot all-reduce's
-bytes, with the peers' addresses taken from the rendezvous:
+bytes, with the peers' addresses taken from the rendezvous, and after them the LM head's gather site
+(``all_gather_pushed``: its logits, rank r's slot holding rank r's vocabulary slice):
 
-    slots  int64 [sites, world, max_rows, n / values a word]    slot [s, r]: rank r's partial sums of site s
+    slots         int64 [sites, world, max_rows, n / values a word]    slot [s, r]: rank r's partial sums of site s
+    gather_slots  int64 [world, max_rows, gather_n / values a word]
 
 Every rank assigns sites in the order its layers first ask (the same forward on every rank, so the
 same order), and builds every site's address tables at start, eagerly: a graph capture cannot copy
@@ -36,7 +38,8 @@ def _aligned(nbytes: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class PushLayout:
-    """How many sites of how many values, for a model: two sites a layer (o_proj, down_proj) and the embedding's."""
+    """How many sites of how many values, for a model: two sites a layer (o_proj, down_proj) and the embedding's,
+    and the LM head's gather site of ``gather_n`` values a row (0: none)."""
 
     num_sites: int
     hidden_size: int  # n of every site: the row-parallel layers' output
@@ -44,24 +47,32 @@ class PushLayout:
     dtype: torch.dtype
     max_rows: int = MAX_ROWS
     mode: str = "gemv"  # PushTarget.mode: who adds the pushed values (the pushed_partial_sums_mode setting)
+    gather_n: int = 0  # the LM head's logits a rank holds (its vocabulary rows)
 
     @property
     def words_per_row(self) -> int:
         return self.hidden_size // values_per_word(self.dtype)
 
     @property
+    def sites_nbytes(self) -> int:
+        return _aligned(self.num_sites * self.world_size * self.max_rows * self.words_per_row * WORD_DTYPE.itemsize)
+
+    @property
     def nbytes(self) -> int:
-        words = self.num_sites * self.world_size * self.max_rows * self.words_per_row
-        return _aligned(words * WORD_DTYPE.itemsize)
+        gather_words = self.world_size * self.max_rows * (self.gather_n // values_per_word(self.dtype))
+        return self.sites_nbytes + _aligned(gather_words * WORD_DTYPE.itemsize)
 
     @classmethod
     def for_model(cls, num_layers: int, hidden_size: int, world_size: int, dtype: torch.dtype,
-                  mode: str = "gemv") -> PushLayout | None:
+                  mode: str = "gemv", vocab_rows: int = 0) -> PushLayout | None:
         """The layout for a decoder of ``num_layers`` layers (two sites a layer, and one for the vocabulary-parallel
-        embedding's lookup); None where the GEMV never runs (float32)."""
-        if dtype not in PUSH_DTYPES or world_size < 2 or hidden_size % values_per_word(dtype):
+        embedding's lookup) whose LM head holds ``vocab_rows`` rows a rank (its gather site; 0: none); None where
+        the GEMV never runs (float32)."""
+        per_word = values_per_word(dtype)
+        if dtype not in PUSH_DTYPES or world_size < 2 or hidden_size % per_word:
             return None
-        return cls(2 * num_layers + 1, hidden_size, world_size, dtype, mode=mode)
+        gather_n = vocab_rows if vocab_rows % per_word == 0 else 0
+        return cls(2 * num_layers + 1, hidden_size, world_size, dtype, mode=mode, gather_n=gather_n)
 
 
 class PushSites:
@@ -87,6 +98,16 @@ class PushSites:
                        layout.mode)
             for s in range(sites)
         ]
+        self.gather: PushTarget | None = None  # the LM head's (all_gather_pushed)
+        if layout.gather_n:
+            gather_shape = (world, layout.max_rows, layout.gather_n // values_per_word(layout.dtype))
+            gather_offset = (byte_offset + layout.sites_nbytes) // WORD_DTYPE.itemsize
+            gathers = [handle.get_buffer(r, gather_shape, WORD_DTYPE, gather_offset) for r in range(world)]
+            gathers[rank].zero_()
+            gather_dest = torch.tensor([gathers[r][rank].data_ptr() for r in range(world)], dtype=torch.int64,
+                                       device=device)
+            self.gather = PushTarget(rank, world, layout.dtype, layout.gather_n, gather_dest, gathers[rank],
+                                     self.abort, layout.mode)
         self._site_of: dict[str, int] = {}
         self._full_noted = False
 
@@ -109,6 +130,13 @@ class PushSites:
                 return None
             index = self._site_of[site] = len(self._site_of)
         return self._targets[index]
+
+    def gather_target(self, num_rows: int, n: int, dtype: torch.dtype) -> PushTarget | None:
+        """The LM head's gather site, or None where its logits do not fit it."""
+        target = self.gather
+        if target is None or dtype != target.dtype or n != target.n or not 0 < num_rows <= target.max_rows:
+            return None
+        return target
 
     @property
     def num_taken(self) -> int:
