@@ -186,6 +186,20 @@ def _push_as_is(x, target):
     gemv_push(x, torch.eye(x.shape[-1], dtype=x.dtype, device=x.device), target)
 
 
+def _runner_rounds(targets, row_counts, n: int, dtype, gen, run):
+    """Rounds of ``row_counts`` rows: every rank but the runner (the round's number modulo the ranks) pushes its x
+    as is, then the runner calls ``run(x, target)`` (the ranks are not concurrent here).
+    Yields ``(round, every rank's x, runner, run's result)``."""
+    device = targets[0].slots.device
+    for round_, num_rows in enumerate(row_counts, start=1):
+        xs = [torch.randn(num_rows, n, generator=gen).to(device, dtype) for _ in targets]
+        runner = round_ % len(targets)
+        for rank, target in enumerate(targets):
+            if rank != runner:
+                _push_as_is(xs[rank], target)
+        yield round_, xs, runner, run(xs[runner], targets[runner])
+
+
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_all_reduce_kernel_adds_every_ranks_values(world, dtype, device):
@@ -193,13 +207,8 @@ def test_all_reduce_kernel_adds_every_ranks_values(world, dtype, device):
     here); its result is the sum the other ranks' readers find, and in float32 the exact torch sum."""
     targets = local_push_targets(world, MAX_ROWS, N, dtype, device)
     gen = torch.Generator().manual_seed(world)
-    for round_, num_rows in enumerate((1, 3, 2, 1, MAX_ROWS), start=1):
-        xs = [torch.randn(num_rows, N, generator=gen).to(device, dtype) for _ in range(world)]
-        runner = round_ % world
-        for rank in range(world):
-            if rank != runner:
-                _push_as_is(xs[rank], targets[rank])
-        got = all_reduce_pushed(xs[runner], targets[runner])
+    for round_, xs, runner, got in _runner_rounds(targets, (1, 3, 2, 1, MAX_ROWS), N, dtype, gen, all_reduce_pushed):
+        num_rows = xs[0].shape[0]
         assert got.shape == xs[runner].shape and got.dtype == dtype
         for rank in range(world):
             if rank != runner:  # the runner's push reached every rank with this round
@@ -226,16 +235,11 @@ def test_all_reduce_kernel_lets_through_on_abort_and_refuses_what_does_not_fit(d
 def test_all_gather_kernel_puts_every_ranks_values_side_by_side(world, dtype, device):
     """The LM head's all-gather: each round one rank runs the kernel (the others pushed first: the ranks are not
     concurrent here) and gets every rank's rows side by side in rank order, the bits each rank had."""
-    n = 2 * N  # the logits a rank holds; two tiles of the kernel at one row
+    n = 200  # the logits a rank holds: at 8 rows, 2 programs of 128 columns (the second's partly past n)
     targets = local_push_targets(world, MAX_ROWS, n, dtype, device)
     gen = torch.Generator().manual_seed(10 + world)
-    for round_, num_rows in enumerate((1, 3, MAX_ROWS, 1), start=1):
-        xs = [torch.randn(num_rows, n, generator=gen).to(device, dtype) for _ in range(world)]
-        runner = round_ % world
-        for rank in range(world):
-            if rank != runner:
-                _push_as_is(xs[rank], targets[rank])
-        got = all_gather_pushed(xs[runner], targets[runner])
+    for round_, xs, runner, got in _runner_rounds(targets, (1, MAX_ROWS, 3, 1), n, dtype, gen, all_gather_pushed):
+        num_rows = xs[0].shape[0]
         assert got.shape == (num_rows, world * n) and torch.equal(got, torch.cat(xs, dim=-1)), round_
         assert _rounds(targets[runner], num_rows) == [round_]  # its own push reached every rank with the round
         for rank in range(world):
