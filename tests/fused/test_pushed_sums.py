@@ -112,12 +112,12 @@ def test_pushing_gemv_adds_every_ranks_partial_sums_with_add(world, dtype, devic
 
 @pytest.mark.parametrize("num_rows", [1, 3])
 def test_several_adding_programs_cover_every_row(num_rows, device):
-    """1280 values a row: two adding programs at one row, four at three rows, blocks that end inside a row.
+    """1280 values a row: five adding programs of ``ADD_BLOCK`` (256) at one row, fifteen at three rows.
 
-    On a GPU only: the interpreter runs a launch's programs one after another, and an adding program waits for
-    words that programs after it store (on a GPU they run beside it)."""
+    On a GPU only: the interpreter runs a launch's programs one after another, so there one program adds every
+    value (``adding_block``); on a GPU an adding program waits for words that programs after it store."""
     if device == "cpu":
-        pytest.skip("the interpreter runs programs one at a time: the first adding program would wait forever")
+        pytest.skip("the interpreter runs programs one at a time: one program adds every value there")
     n, dtype = 1280, torch.bfloat16
     targets = local_push_targets(2, MAX_ROWS, n, dtype, device, mode="gemv")
     gen = torch.Generator().manual_seed(num_rows)

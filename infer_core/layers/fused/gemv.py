@@ -344,12 +344,10 @@ def _launch(rows, weight, bias, out, cfg: GemvConfig, push: PushTarget | None,
         push.dest_ptrs if push else unused, push.slots if push else unused, push.slots[0].numel() if push else 0,
         summed if summed is not None else unused, push.abort if push else unused,
         BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None,
-        NUM_STAGES=cfg.num_stages, SINGLE_STEP=cfg.block_k >= k,
+        EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None, NUM_STAGES=cfg.num_stages, SINGLE_STEP=cfg.block_k >= k,
         PREFETCH_LINES=prefetch_lines(cfg, k, rows.element_size(), pdl), num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, USE_PDL=pdl, launch_pdl=pdl,
+        num_stages=cfg.num_stages, USE_PDL=pdl, launch_pdl=pdl, ADD_PROGRAMS=add_programs, ADD_BLOCK=add_block,
         PUSH_RANKS=push.world_size if push else 0, PUSH_VALUES_PER_WORD=values_per_word(push.dtype) if push else 1,
-        ADD_PROGRAMS=add_programs, ADD_BLOCK=add_block,
     )
 
 
