@@ -157,3 +157,13 @@ class ParallelStrategy(RuntimeComponent, ABC):
     @abstractmethod
     def create_executor(self, engine_config: Any) -> Executor:
         """Start the ranks for ``engine_config`` (an ``infer_core.config.EngineConfig``)."""
+
+    def prepare_model(self, model: torch.nn.Module, parallel: ParallelContext) -> None:
+        """Replace or wrap the implementation of the built model's layers on this rank (default: nothing).
+
+        Called on every rank once the model's weights are loaded, before warm-up and CUDA graph capture,
+        with the same ``parallel`` the layers were built with. This is how a strategy supplies a faster
+        path of its own (a row-parallel layer's matmul and all-reduce in one kernel, say) without the
+        model or the core layers knowing of it; a replacement must compute what the layer it replaces
+        computes, from that layer's parameters.
+        """

@@ -59,6 +59,7 @@ class ModelRunner:
         names = config.implementations
         self.attention = catalog.load_class("attention", names["attention"])(self.ctx)
         self.quantizer = catalog.load_class("quantization", names["quantization"])(self.ctx)
+        self.strategy = catalog.load_class("parallel", names["parallel"])(self.ctx)
         self.model_class = catalog.load_class("model", config.model.architecture)
         self.model: torch.nn.Module | None = None
         self.kv_caches: list[torch.Tensor] = []
@@ -90,6 +91,7 @@ class ModelRunner:
         with torch.device(self.device):
             model = self.model_class(build)
         load_model_weights(model, self.config.source, self.config.load_format, self.config.settings.seed)
+        self.strategy.prepare_model(model, self.parallel)
         self.model = model.eval()
         logger.info("model %s loaded on %s (%s, %s) in %.1f s", self.config.model.architecture, self.device,
                     self.config.dtype, self.config.load_format, time.perf_counter() - start)
