@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with symmetric memory, the one-shot all-reduce at decode sizes too (enable_pushed_partial_sums=False)",
     )
-    parser.add_argument("--push-mode", choices=("gemv", "sum", "fused", "all_reduce"), default="gemv",
+    parser.add_argument("--push-mode", choices=("gemv", "sum", "all_reduce"), default="gemv",
                         help="who adds the pushed partial sums (pushed_partial_sums_mode)")
     parser.add_argument("--attention", default=None, help="attention backend of both sizes (default: the engine picks)")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)

@@ -1,6 +1,7 @@
 """The ``infer`` command: serve, generate, chat, plugins, config, bench.
 
-Every engine setting is also a flag (``--max-num-seqs 64``); flags beat INFER_* variables.
+Every engine setting is also a flag (``--max-num-seqs 64``), and so is every setting the loaded
+plugins declare (in a help group of their own); flags beat INFER_* variables.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import types
 import typing
 from typing import Any
 
-from infer_core.errors import InferError
+from infer_core.errors import InferError, PluginError
+from infer_core.plugin_settings import SettingsSection
 from infer_core.settings import EngineSettings
 
 _SERVER_ONLY = {"host", "port", "served_model_name", "max_queued_requests", "api_key", "max_request_bytes",
@@ -31,25 +33,45 @@ def _flag_type(annotation: Any):
     return (base if base in (int, float, str, bool) else str), None
 
 
-def add_settings_arguments(parser: argparse.ArgumentParser, include_server: bool = False) -> None:
-    """One ``--flag`` per EngineSettings field; unset flags do not override the environment."""
+def add_settings_arguments(parser: argparse.ArgumentParser, include_server: bool = False,
+                           sections: tuple[SettingsSection, ...] = ()) -> None:
+    """One ``--flag`` per setting (the core's, then each plugin section's); unset flags do not override the
+    environment. A plugin's flags get one short line of help each (``infer config`` shows their values)."""
     group = parser.add_argument_group("engine settings (also INFER_<NAME> variables)")
-    for name, field in EngineSettings.model_fields.items():
-        if name in _SERVER_ONLY and not include_server:
-            continue
-        flag = "--" + name.replace("_", "-")
-        kind, choices = _flag_type(field.annotation)
-        help_text = field.description or ""
-        if kind is bool:
-            group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
-                               help=help_text)
-        else:
-            group.add_argument(flag, dest=name, type=kind, choices=choices, default=argparse.SUPPRESS,
-                               metavar=name.upper(), help=help_text)
+    names = [name for name in EngineSettings.model_fields if include_server or name not in _SERVER_ONLY]
+    for name in names:
+        _add_flag(group, name, EngineSettings.model_fields[name], EngineSettings.model_fields[name].description)
+    for section in sections:
+        group = parser.add_argument_group(f"{section.title} (plugin {section.plugin}; also INFER_<NAME> variables)")
+        for name, field in section.settings_class.model_fields.items():
+            try:
+                _add_flag(group, name, field, _one_line(field.title or field.description))
+            except argparse.ArgumentError as e:
+                raise PluginError(f"setting {name!r} of {section.describe()} cannot be a flag of "
+                                  f"`{parser.prog}`: {e}; rename the setting") from None
+            names.append(name)
+    parser.set_defaults(setting_names=frozenset(names))
+
+
+def _add_flag(group, name: str, field: Any, help_text: str | None) -> None:
+    flag = "--" + name.replace("_", "-")
+    kind, choices = _flag_type(field.annotation)
+    if kind is bool:
+        group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                           help=help_text or "")
+    else:
+        group.add_argument(flag, dest=name, type=kind, choices=choices, default=argparse.SUPPRESS,
+                           metavar=name.upper(), help=help_text or "")
+
+
+def _one_line(description: str | None) -> str:
+    """A description's first clause (up to its first ';')."""
+    return (description or "").split(";", 1)[0].strip()
 
 
 def settings_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: v for k, v in vars(args).items() if k in EngineSettings.model_fields}
+    names = getattr(args, "setting_names", frozenset())
+    return {k: v for k, v in vars(args).items() if k in names}
 
 
 def _sampling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -138,44 +160,50 @@ def cmd_plugins(args) -> int:
 
 
 def cmd_config(args) -> int:
-    from infer_core.settings import describe_sources, load_settings
+    from infer_core.config_report import config_report
 
-    explicit = settings_kwargs(args)
-    settings = load_settings(**explicit)
-    rows = describe_sources(settings, explicit)
-    width = max(len(name) for name, _, _ in rows)
-    for name, value, source in rows:
-        print(f"{name:<{width}}  {value!s:<28} ({source})")
+    print(config_report(settings_kwargs(args)))
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def plugin_sections(argv: list[str]) -> tuple[SettingsSection, ...]:
+    """The settings sections of the plugins the command line's ``--plugins`` (else INFER_PLUGINS) allows."""
+    from infer_core.plugin_settings import declare_settings
+    from infer_core.settings import allowed_plugins
+
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--plugins")
+    given = pre.parse_known_args(argv)[0].plugins
+    return declare_settings(allowed_plugins(given), EngineSettings.model_fields)
+
+
+def build_parser(sections: tuple[SettingsSection, ...] = ()) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="infer", description="A plugin-based LLM inference engine.")
     parser.add_argument("--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
-    add_settings_arguments(p, include_server=True)
+    add_settings_arguments(p, include_server=True, sections=sections)
     p.set_defaults(handler=cmd_serve)
 
     p = sub.add_parser("generate", help="complete prompts with the model and print the text")
     p.add_argument("prompt", nargs="+")
     p.add_argument("--chat", action="store_true", help="send each prompt as a user message through the chat template")
     _sampling_arguments(p)
-    add_settings_arguments(p)
+    add_settings_arguments(p, sections=sections)
     p.set_defaults(handler=cmd_generate)
 
     p = sub.add_parser("chat", help="talk to the model on the terminal")
     _sampling_arguments(p)
-    add_settings_arguments(p)
+    add_settings_arguments(p, sections=sections)
     p.set_defaults(handler=cmd_chat)
 
     p = sub.add_parser("plugins", help="list every implementation of every kind and whether it can run here")
-    add_settings_arguments(p)
+    add_settings_arguments(p, sections=sections)
     p.set_defaults(handler=cmd_plugins)
 
     p = sub.add_parser("config", help="print the effective settings and where each came from")
-    add_settings_arguments(p, include_server=True)
+    add_settings_arguments(p, include_server=True, sections=sections)
     p.set_defaults(handler=cmd_config)
 
     p = sub.add_parser("bench", help="benchmarks")
@@ -200,7 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        parser = build_parser(plugin_sections(argv))
+    except InferError as e:  # INFER_PLUGINS names a missing plugin, a plugin fails to load, two declare a name
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.handler(args)

@@ -12,6 +12,9 @@ Registration hooks receive a ``register`` callable::
 
 The class path is imported only when that implementation is chosen, so registering must not
 import heavy dependencies (triton, flash_attn).
+
+A plugin's own settings are a ``PluginSettings`` class (``infer_core.interfaces``) declared by
+``register_settings``; its module should import pydantic and ``infer_core.interfaces`` only.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pluggy
 
 if TYPE_CHECKING:
-    from infer_core.interfaces import RuntimeContext
+    from infer_core.interfaces import PluginSettings, RuntimeContext
 
 PROJECT_NAME = "infer_core"
 ENTRY_POINT_GROUP = "infer_core.plugins"
@@ -34,6 +37,21 @@ class Register(Protocol):
     """The callable registration hooks receive."""
 
     def __call__(self, name: str, class_path: str, *, aliases: tuple[str, ...] = ()) -> None: ...
+
+
+class RegisterSettings(Protocol):
+    """The callable ``register_settings`` receives."""
+
+    def __call__(self, settings_class: type[PluginSettings]) -> None: ...
+
+
+@hookspec
+def register_settings(register: RegisterSettings) -> None:
+    """Declare ``PluginSettings`` classes: each field becomes a setting (``INFER_<NAME>``, a flag, a keyword).
+
+    Called before the engine's settings are read, for the plugins ``INFER_PLUGINS`` allows. A name the
+    core or another plugin also declares is an error naming both.
+    """
 
 
 @hookspec
@@ -76,6 +94,15 @@ def default_attention_backend(ctx: RuntimeContext) -> str | None:
     """Name of the attention backend to use when ``INFER_ATTENTION`` is unset, or None to pass.
 
     The first non-None answer wins; order implementations with ``tryfirst`` / ``trylast``.
+    """
+
+
+@hookspec(firstresult=True)
+def default_parallel_strategy(ctx: RuntimeContext) -> str | None:
+    """Name of the parallel strategy to use when ``INFER_PARALLEL`` is unset, or None to pass.
+
+    The first non-None answer wins; the core answers ``single`` (last) for one device only, so a
+    ``tensor_parallel_size`` above 1 needs a plugin that answers for it.
     """
 
 

@@ -1,7 +1,7 @@
 """The loader: plugins in, one resolved engine configuration out.
 
-Run once per process, the same way in every worker: a fresh pluggy manager, the built-ins
-registered as a plugin, then the installed entry points (``INFER_PLUGINS`` may restrict them),
+Run once per process, the same way in every worker: a fresh pluggy manager (``plugin_manager``:
+the built-ins registered as a plugin, then the installed entry points ``INFER_PLUGINS`` allows),
 then each kind resolved by name with errors that list what is installed and why a choice cannot
 run here. Nothing is looked up by name after the engine starts.
 """
@@ -10,24 +10,20 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import importlib.metadata
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import pluggy
 
-from infer_core import hookspecs
 from infer_core.config import KINDS, EngineConfig
 from infer_core.errors import PluginError, SettingsError
 from infer_core.interfaces import RuntimeContext
 from infer_core.platform import make_runtime_context
+from infer_core.plugin_manager import CORE_DISTRIBUTION, call_per_plugin, create_plugin_manager
 from infer_core.settings import EngineSettings
 
 logger = logging.getLogger(__name__)
-
-CORE_DISTRIBUTION = "infer-core"
-BUILTIN_PLUGIN = "infer_core.builtin.plugin"
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,50 +133,6 @@ def _key(kind: str, name: str) -> str:
     return name if kind == "model" else name.lower()
 
 
-def _entry_points(allowed: list[str] | None) -> list[importlib.metadata.EntryPoint]:
-    eps = list(importlib.metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP))
-    if allowed is None:
-        return eps
-    names = {ep.name for ep in eps}
-    missing = [n for n in allowed if n not in names]
-    if missing:
-        raise SettingsError(
-            f"INFER_PLUGINS names {', '.join(missing)}, which is not installed; "
-            f"installed plugins: {', '.join(sorted(names)) or 'none'}"
-        )
-    return [ep for ep in eps if ep.name in allowed]
-
-
-def create_plugin_manager(allowed: list[str] | None = None) -> tuple[pluggy.PluginManager, dict[str, tuple[str, str]]]:
-    """A fresh manager with the built-ins and the (allowed) installed plugins registered."""
-    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
-    pm.add_hookspecs(hookspecs)
-    core_version = _version(CORE_DISTRIBUTION)
-    pm.register(importlib.import_module(BUILTIN_PLUGIN), name="builtin")
-    plugins = {"builtin": (CORE_DISTRIBUTION, core_version)}
-    for ep in _entry_points(allowed):
-        if pm.has_plugin(ep.name):
-            continue
-        try:
-            module = ep.load()
-        except Exception as e:
-            raise PluginError(f"plugin {ep.name!r} ({ep.value}) failed to load: {e}") from e
-        if module in pm.get_plugins():
-            continue  # two entry points naming one module register it once
-        pm.register(module, name=ep.name)
-        dist = ep.dist
-        plugins[ep.name] = (dist.metadata["Name"], dist.version) if dist else (ep.name, "?")
-    pm.check_pending()
-    return pm, plugins
-
-
-def _version(distribution: str) -> str:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return "0+local"
-
-
 @dataclass(frozen=True, slots=True)
 class _Registrar:
     """The ``register`` callable one plugin receives for one kind."""
@@ -208,15 +160,9 @@ def load_catalog(allowed: list[str] | None = None) -> Catalog:
     """Collect every implementation, remembering which plugin (and distribution) registered it."""
     pm, plugins = create_plugin_manager(allowed)
     catalog = Catalog(pm, plugins)
-    all_plugins = pm.get_plugins()
-    for plugin_name, plugin in pm.list_name_plugin():
-        if plugin is None:
-            continue
-        others = [p for p in all_plugins if p is not plugin]
-        dist, version = plugins.get(plugin_name, (plugin_name, "?"))
-        for kind, info in KIND_INFO.items():
-            registrar = _Registrar(catalog.by_kind.setdefault(kind, {}), kind, plugin_name, dist, version)
-            pm.subset_hook_caller(info.hook, remove_plugins=others)(register=registrar)
+    for kind, info in KIND_INFO.items():
+        registry = catalog.by_kind.setdefault(kind, {})
+        call_per_plugin(pm, info.hook, lambda name: _Registrar(registry, kind, name, *plugins.get(name, (name, "?"))))
     return catalog
 
 
@@ -226,7 +172,8 @@ def choose_names(settings: EngineSettings, catalog: Catalog, ctx: RuntimeContext
     if names["attention"] is None:
         names["attention"] = catalog.plugin_manager.hook.default_attention_backend(ctx=ctx) or "torch"
     if names["parallel"] is None:
-        names["parallel"] = "tp" if settings.tensor_parallel_size > 1 else "single"
+        names["parallel"] = catalog.plugin_manager.hook.default_parallel_strategy(ctx=ctx) or _no_parallel_default(
+            settings, catalog)
     if names["quantization"] is None:
         quant = (ctx.model.raw.get("quantization_config") or {}).get("quant_method")
         if quant and quant != "gguf" and catalog.get("quantization", quant) is None:
@@ -238,6 +185,16 @@ def choose_names(settings: EngineSettings, catalog: Catalog, ctx: RuntimeContext
             )
         names["quantization"] = quant if quant and quant != "gguf" else "none"
     return names
+
+
+def _no_parallel_default(settings: EngineSettings, catalog: Catalog) -> NoReturn:
+    plugins = ", ".join(catalog.plugins)
+    raise PluginError(
+        f"INFER_TENSOR_PARALLEL_SIZE={settings.tensor_parallel_size} needs a parallel strategy for several devices, "
+        f"and no loaded plugin offers one (plugins loaded: {plugins}). Install infer-parallel-tp "
+        f"(pip install -e plugins/parallel_tp) and leave 'tp' in INFER_PLUGINS, name a strategy in INFER_PARALLEL, "
+        f"or set INFER_TENSOR_PARALLEL_SIZE=1"
+    )
 
 
 def negotiate_block_size(settings: EngineSettings, attention: type, ctx: RuntimeContext, name: str) -> int:

@@ -2,6 +2,11 @@
 
 Precedence: explicit arguments (CLI flags, ``LLM(...)`` keywords) > environment > ``.env`` >
 defaults. A misspelled ``INFER_*`` variable is an error, not silently ignored.
+
+Plugins declare settings of their own (``PluginSettings``, the ``register_settings`` hook):
+``load_settings`` reads them the same way, into sections an EngineSettings carries (pickled with
+it to worker processes) and a plugin reads as ``ItsSettings.of(settings)``. ``INFER_PLUGINS``
+is read first and alone, since it decides which plugins, and so which settings, exist.
 """
 
 from __future__ import annotations
@@ -10,28 +15,23 @@ import difflib
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import Field, PrivateAttr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode
 
 from infer_core.errors import SettingsError
+from infer_core.interfaces.settings import ENV_PREFIX, SETTINGS_CONFIG, PluginSettings
+from infer_core.plugin_settings import SettingsSection, declare_settings
 
-ENV_PREFIX = "INFER_"
+S = TypeVar("S", bound=PluginSettings)
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
 
 
 class EngineSettings(BaseSettings):
     """The engine's configuration. Field names are the setting names (``INFER_<NAME>`` in env)."""
 
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX,
-        env_nested_delimiter="__",
-        env_file=".env",
-        extra="ignore",  # unknown names are rejected with a suggestion by check_names()
-        validate_default=True,
-        protected_namespaces=(),
-    )
+    model_config = SETTINGS_CONFIG
 
     # what to run
     model: str | None = Field(None, description="model folder, HF-style checkpoint or .gguf file; unset = embedded SmolLM2")
@@ -47,7 +47,7 @@ class EngineSettings(BaseSettings):
     kv_allocator: str = Field("paged", description="KV block allocator")
     scheduler: str = Field("fcfs", description="request scheduler")
     quantization: str | None = Field(None, description="quantizer; unset = the checkpoint's, else none")
-    parallel: str | None = Field(None, description="parallel strategy; unset = single, or tp when tensor_parallel_size > 1")
+    parallel: str | None = Field(None, description="parallel strategy; unset = single on one device, else the one a plugin offers (tp)")
     decoding: str = Field("standard", description="decoding policy")
     plugins: Annotated[list[str] | None, NoDecode] = Field(
         None, description="comma-separated entry-point names to load (unset = all installed; empty = none)"
@@ -67,9 +67,6 @@ class EngineSettings(BaseSettings):
     async_scheduling: bool = Field(True, description="plan step N+1 while step N runs on the device (built-in scheduler, one rank or tensor parallelism, no speculative decoding); off = each step waits for the previous one's tokens")
     pdl: bool = Field(True, description="launch the decode-path Triton kernels with programmatic dependent launch (Hopper and newer GPUs): each starts while the one before it drains")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs the model is split over")
-    enable_symm_mem_all_reduce: bool = Field(False, description="tensor parallelism on CUDA: all-reduce small messages (decode steps) with one kernel over symmetric memory (peer loads over NVLink, no multicast) instead of NCCL; off (the default until it is measured on two GPUs) = NCCL for every all-reduce")
-    pushed_partial_sums_mode: Literal["gemv", "sum", "fused", "all_reduce"] = Field("gemv", description="with enable_pushed_partial_sums, who adds the pushed values: gemv = the pushing GEMV's own last programs, no launch of its own (on two H200s, Qwen3-8B batch-1 decode 2.78 ms a step, tp2-gemv-mode-experiment log); sum = a small kernel after the pushing GEMV (2.82 ms in the same run; 3.14 at tree 19d16b0); fused = the next norm + GEMV in its prologue (3.68-3.70 ms, earlier trees); all_reduce = the GEMV stores as usual and one small kernel pushes its output to every rank and adds every rank's (3.27 ms at 19d16b0, where the one-shot all-reduce took 3.50)")
-    enable_pushed_partial_sums: bool = Field(False, description="with enable_symm_mem_all_reduce, at decode sizes (the GEMV's 1-2 rows): each row-parallel layer's GEMV pushes its partial sums into every rank's memory and pushed_partial_sums_mode's kernel adds them, instead of an all-reduce launch (and the vocabulary-parallel embedding looks up and all-reduces in one launch, and the LM head pushes its logits for the all-gather: no NCCL launch in a batch-1 decode graph); on two H200s (tree 19d16b0) Qwen3-8B batch-1 decode took 3.14 ms a step this way (mode sum) against 3.50 with the one-shot all-reduce; off by default, like enable_symm_mem_all_reduce")
 
     # server
     host: str = Field("127.0.0.1", description="address the server binds (for the HTTP server)")
@@ -88,21 +85,58 @@ class EngineSettings(BaseSettings):
             return _DTYPE_ALIASES.get(value, value)
         return value
 
+    # the plugins' settings: section class -> its values; and who declared each (set by load_settings)
+    _sections: dict[type[PluginSettings], PluginSettings] = PrivateAttr(default_factory=dict)
+    _declared: tuple[SettingsSection, ...] = PrivateAttr(default=())
+
     @field_validator("plugins", mode="before")
     @classmethod
     def _split_plugins(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [p.strip() for p in value.split(",") if p.strip()]
-        return value
+        return split_plugin_names(value)
 
     @field_validator("attention", "quantization", "parallel", "kv_allocator", "scheduler", "decoding", mode="before")
     @classmethod
     def _blank_is_unset(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
 
+    def plugin(self, section: type[S]) -> S:
+        """The values of a plugin's settings class (``section.of(settings)`` reads this).
 
-def setting_names() -> list[str]:
-    return list(EngineSettings.model_fields)
+        ``load_settings`` fills in every loaded plugin's section; settings made directly
+        (``EngineSettings(...)``) read a section from the environment on first use, as they read
+        their own fields.
+        """
+        values = self._sections.get(section)
+        if values is None:
+            values = self._sections[section] = _validated(section, {})
+        return values  # type: ignore[return-value]
+
+    @property
+    def declared_sections(self) -> tuple[SettingsSection, ...]:
+        """The plugins' settings classes ``load_settings`` read, with the plugin that declared each."""
+        return self._declared
+
+
+def split_plugin_names(value: Any) -> Any:
+    """``"a, b"`` -> ``["a", "b"]`` (the empty string: no plugin); lists and tuples as lists."""
+    if isinstance(value, str):
+        return [p.strip() for p in value.split(",") if p.strip()]
+    return list(value) if isinstance(value, tuple) else value
+
+
+def allowed_plugins(given: Any = None, environ: Mapping[str, str] | None = None) -> list[str] | None:
+    """The INFER_PLUGINS allow-list (argument > env > .env; None = every installed plugin), read alone
+    before any plugin loads: it decides which plugins' settings exist."""
+    if given is None:
+        var = ENV_PREFIX + "PLUGINS"
+        env = {k.upper(): v for k, v in (os.environ if environ is None else environ).items()}
+        given = env.get(var, {k.upper(): v for k, v in read_dotenv().items()}.get(var))
+    return split_plugin_names(given)
+
+
+def setting_names(sections: tuple[SettingsSection, ...] = ()) -> list[str]:
+    """The core's setting names, then each section's."""
+    return [*EngineSettings.model_fields, *(name for section in sections for name in section.names)]
 
 
 def _suggest(name: str, candidates: list[str]) -> str:
@@ -110,18 +144,23 @@ def _suggest(name: str, candidates: list[str]) -> str:
     return f"; did you mean {match[0]}?" if match else ""
 
 
-def check_names(explicit: Mapping[str, Any], environ: Mapping[str, str], dotenv: Mapping[str, str]) -> None:
-    """Reject unknown setting names: keywords, INFER_* variables and .env entries."""
-    names = setting_names()
+def check_names(explicit: Mapping[str, Any], environ: Mapping[str, str], dotenv: Mapping[str, str],
+                sections: tuple[SettingsSection, ...] = (), allowed: list[str] | None = None) -> None:
+    """Reject unknown setting names (the core's and the plugins' ``sections``): keywords, INFER_* variables
+    and .env entries. ``allowed`` (INFER_PLUGINS) is named in the message: a left-out plugin declares nothing."""
+    names = setting_names(sections)
+    left_out = "" if allowed is None else \
+        f"; INFER_PLUGINS is {','.join(allowed)!r}: a plugin it leaves out declares no settings"
     for key in explicit:
         if key not in names:
-            raise SettingsError(f"{key!r} is not a setting{_suggest(key, names)} (settings: {', '.join(names)})")
+            raise SettingsError(
+                f"{key!r} is not a setting{_suggest(key, names)} (settings: {', '.join(names)}){left_out}")
     env_names = [ENV_PREFIX + n.upper() for n in names]
     for source, mapping in (("environment", environ), (".env", dotenv)):
         for key in mapping:
             upper = key.upper()
             if upper.startswith(ENV_PREFIX) and upper not in env_names:
-                raise SettingsError(f"{key} is not a setting{_suggest(upper, env_names)} (from the {source})")
+                raise SettingsError(f"{key} is not a setting{_suggest(upper, env_names)} (from the {source}){left_out}")
 
 
 def read_dotenv(path: str | os.PathLike[str] = ".env") -> dict[str, str]:
@@ -142,38 +181,61 @@ def read_dotenv(path: str | os.PathLike[str] = ".env") -> dict[str, str]:
 
 
 def load_settings(**explicit: Any) -> EngineSettings:
-    """Build EngineSettings from keywords + os.environ + .env, rejecting unknown names."""
-    check_names(explicit, os.environ, read_dotenv())
+    """Build EngineSettings, with the allowed plugins' sections, from keywords + os.environ + .env,
+    rejecting unknown names."""
+    allowed = allowed_plugins(explicit.get("plugins"))
+    sections = declare_settings(allowed, EngineSettings.model_fields)
+    check_names(explicit, os.environ, read_dotenv(), sections, allowed)
     explicit = {k: v for k, v in explicit.items() if v is not None}
+    problems: list[str] = []
+    settings = _validated(EngineSettings, explicit, problems)
+    values = {s.settings_class: _validated(s.settings_class, explicit, problems) for s in sections}
+    if problems:
+        raise SettingsError(f"invalid settings: {'; '.join(problems)}")
+    settings._sections.update(values)
+    settings._declared = sections
+    return settings
+
+
+def _validated(cls: type[Any], explicit: Mapping[str, Any], problems: list[str] | None = None) -> Any:
+    """``cls`` built from the keywords it declares (the rest of its values from env, .env, defaults);
+    its validation errors, named by variable and field, are appended to ``problems`` (raised if None)."""
     try:
-        return EngineSettings(**explicit)
+        return cls(**{k: v for k, v in explicit.items() if k in cls.model_fields})
     except ValidationError as e:
-        problems = "; ".join(
+        found = [
             f"{ENV_PREFIX}{'.'.join(map(str, err['loc'])).upper()} / {'.'.join(map(str, err['loc']))}: {err['msg']}"
             f" (got {err.get('input')!r})"
             for err in e.errors()
-        )
-        raise SettingsError(f"invalid settings: {problems}") from None
+        ]
+    if problems is None:
+        raise SettingsError(f"invalid settings: {'; '.join(found)}")
+    problems.extend(found)
+    return None
 
 
 def describe_sources(settings: EngineSettings, explicit: Mapping[str, Any], environ: Mapping[str, str] | None = None):
-    """(name, value, source) for every setting, source being argument, env, .env or default."""
+    """(name, value, source) for every setting, source being argument, env, .env or default; a plugin's
+    settings, after the core's, name the plugin that declared them."""
     environ = os.environ if environ is None else environ
     dotenv = {k.upper(): v for k, v in read_dotenv().items()}
     env_upper = {k.upper() for k in environ}
+    owners = [(settings, None, list(EngineSettings.model_fields))]
+    owners += [(settings.plugin(s.settings_class), s, s.names) for s in settings.declared_sections]
     rows = []
-    for name in setting_names():
-        var = ENV_PREFIX + name.upper()
-        if explicit.get(name) is not None:
-            source = "argument"
-        elif var in env_upper:
-            source = f"env {var}"
-        elif var in dotenv:
-            source = f".env {var}"
-        else:
-            source = "default"
-        value = getattr(settings, name)
-        if name == "api_key" and value:
-            value = "***"
-        rows.append((name, value, source))
+    for values, section, names in owners:
+        for name in names:
+            var = ENV_PREFIX + name.upper()
+            if explicit.get(name) is not None:
+                source = "argument"
+            elif var in env_upper:
+                source = f"env {var}"
+            elif var in dotenv:
+                source = f".env {var}"
+            else:
+                source = "default"
+            value = getattr(values, name)
+            if name == "api_key" and value:
+                value = "***"
+            rows.append((name, value, source if section is None else f"{source}; declared by {section.describe()}"))
     return rows

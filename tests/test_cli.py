@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
+
+from infer_core.settings import EngineSettings
 
 
 def run_infer(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -49,3 +52,21 @@ def test_interactive_chat_keeps_the_conversation():
     assert result.returncode == 0, result.stderr
     answers = [line.removeprefix("> ") for line in result.stdout.splitlines() if line.strip("> ")]
     assert len(answers) == 2 and "Paris" in answers[0] and "Rome" in answers[1]
+
+
+def test_help_has_every_setting_and_no_figures():
+    """Every setting is a flag (the installed plugins' too, in groups of their own); no timings in the help."""
+    from infer_core.cli import _SERVER_ONLY
+    from infer_core.plugin_settings import declare_settings
+
+    sections = declare_settings(None, EngineSettings.model_fields)
+    for command, server in (("serve", True), ("generate", False)):
+        result = run_infer(command, "--help", timeout=60)
+        assert result.returncode == 0, result.stderr
+        out = result.stdout
+        assert not re.search(r"\d\s*(ms|µs|us)\b", out), out
+        names = [n for n in EngineSettings.model_fields if server or n not in _SERVER_ONLY]
+        for name in names + [n for section in sections for n in section.names]:
+            assert f"--{name.replace('_', '-')}" in out, name
+        for section in sections:
+            assert f"{section.title} (plugin {section.plugin}; also INFER_<NAME> variables):" in out

@@ -167,3 +167,50 @@ def test_unsupported_architecture_lists_the_supported(tmp_path):
     with pytest.raises(PluginError, match=r"architecture 'GPT2LMHeadModel' is not supported. Supported model "
                                           r"architectures: LlamaForCausalLM \(infer-core\), MistralForCausalLM"):
         LLM(str(tmp_path), load_format="dummy")
+
+
+RING_PLUGIN = textwrap.dedent('''
+    from infer_core.hookspecs import hookimpl
+
+
+    @hookimpl
+    def register_parallel_strategies(register):
+        register("ring", "infer_ring_plugin.strategy:RingStrategy")
+
+
+    @hookimpl
+    def default_parallel_strategy(ctx):
+        return "ring" if ctx.settings.tensor_parallel_size == 3 else None
+''')
+
+
+def test_the_default_parallel_strategy_comes_from_the_plugins(tmp_path, tiny_checkpoint, monkeypatch):
+    from infer_core.loader import choose_names
+    from infer_core.models.source import read_model_config, resolve_model_source
+    from infer_core.platform import make_runtime_context
+    from infer_core.settings import load_settings
+
+    root = install_plugin_package(tmp_path / "site", "infer-ring-plugin", "ring", "infer_ring_plugin",
+                                  {"plugin.py": RING_PLUGIN})
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setenv("INFER_PLUGINS", "ring")  # the list is exact: leave out other installed plugins
+    folder = str(tiny_checkpoint("llama"))
+
+    def chosen(**settings_kwargs) -> str:
+        settings = load_settings(model=folder, **settings_kwargs)
+        ctx = make_runtime_context(settings, read_model_config(resolve_model_source(folder)))
+        return choose_names(settings, load_catalog(settings.plugins), ctx)["parallel"]
+
+    assert chosen() == "single"  # the core's answer for one device
+    assert chosen(tensor_parallel_size=3) == "ring"  # the plugin's
+    assert chosen(tensor_parallel_size=3, parallel="single") == "single"  # the setting beats the rule
+    with pytest.raises(PluginError) as error:
+        chosen(tensor_parallel_size=2)
+    assert str(error.value) == (
+        "INFER_TENSOR_PARALLEL_SIZE=2 needs a parallel strategy for several devices, and no loaded plugin offers one "
+        "(plugins loaded: builtin, ring). Install infer-parallel-tp (pip install -e plugins/parallel_tp) and leave "
+        "'tp' in INFER_PLUGINS, name a strategy in INFER_PARALLEL, or set INFER_TENSOR_PARALLEL_SIZE=1"
+    )
+    with pytest.raises(PluginError, match=r"^INFER_TENSOR_PARALLEL_SIZE=2 needs a parallel strategy .* \(plugins "
+                                          r"loaded: builtin\)\. Install infer-parallel-tp"):
+        LLM(folder, plugins="", tensor_parallel_size=2)  # before any worker starts

@@ -1,20 +1,25 @@
-"""EngineSettings precedence, validation messages, and `infer config` showing where values came from."""
+"""EngineSettings precedence, validation messages, and `infer config` showing where values came from; the same for
+the settings a plugin declares, who may declare a name, and settings reaching a fresh process pickled."""
 
 from __future__ import annotations
 
+import os
+import pickle
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
-from infer_core.errors import SettingsError
+from infer_core.errors import PluginError, SettingsError
 from infer_core.settings import describe_sources, load_settings
+from infer_core.testing import install_plugin_package
 
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # no stray .env
-    for key in list(__import__("os").environ):
+    for key in list(os.environ):
         if key.startswith("INFER_"):
             monkeypatch.delenv(key)
 
@@ -57,13 +62,214 @@ def test_aliases_and_lists(monkeypatch):
     assert settings.dtype == "bfloat16" and settings.plugins == ["triton", "flash"]
 
 
-def test_infer_config_prints_values_and_sources(monkeypatch):
+def test_infer_config_prints_values_and_sources(monkeypatch, draft_plugin):
     monkeypatch.setenv("INFER_MAX_MODEL_LEN", "2048")
     monkeypatch.setenv("INFER_API_KEY", "secret-key")
-    out = subprocess.run([sys.executable, "-m", "infer_core.cli", "config", "--max-num-seqs", "12"],
-                         capture_output=True, text=True, check=True).stdout
+    monkeypatch.setenv("INFER_SPECULATIVE_MODEL", "/models/draft")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(draft_plugin), *sys.path])}
+    out = subprocess.run([sys.executable, "-m", "infer_core.cli", "config", "--max-num-seqs", "12",
+                          "--num-speculative-tokens", "9"], capture_output=True, text=True, check=True, env=env).stdout
     rows = {line.split()[0]: line for line in out.splitlines()}
     assert "12" in rows["max_num_seqs"] and rows["max_num_seqs"].endswith("(argument)")
     assert "2048" in rows["max_model_len"] and rows["max_model_len"].endswith("(env INFER_MAX_MODEL_LEN)")
     assert rows["scheduler"].endswith("(default)") and "fcfs" in rows["scheduler"]
     assert "secret-key" not in out and "***" in rows["api_key"]
+    # unset for a default rule: what the rule picks here, marked as the rule's
+    assert "SmolLM2-135M-Instruct (" in rows["model"] and ".gguf)" in rows["model"]
+    assert rows["model"].endswith("(default rule: the embedded default model)")
+    assert rows["attention"].split()[1] != "None"
+    assert rows["attention"].endswith("(default rule: the best backend that can run here)")
+    assert rows["parallel"].split()[1] == "single" and rows["quantization"].split()[1] == "none"
+    # a plugin's settings: value, source and the plugin that declared them
+    assert rows["num_speculative_tokens"].split()[1] == "9"
+    assert rows["num_speculative_tokens"].endswith("(argument; declared by plugin draft of infer-draft 0.2.0)")
+    assert rows["speculative_model"].endswith("(env INFER_SPECULATIVE_MODEL; declared by plugin draft of "
+                                              "infer-draft 0.2.0)")
+
+
+# A plugin with settings of its own, installed as a real distribution (an entry point on sys.path).
+DRAFT_SETTINGS = textwrap.dedent('''
+    from pydantic import Field, field_validator
+
+    from infer_core.interfaces import PluginSettings
+
+
+    class DraftSettings(PluginSettings):
+        section = "speculative decoding"
+
+        num_speculative_tokens: int = Field(4, ge=1, le=16, title="draft tokens a step",
+                                            description="tokens the draft model proposes each step")
+        speculative_model: str | None = Field(None, description="the draft model's folder")
+
+        @field_validator("speculative_model", mode="before")
+        @classmethod
+        def _blank_is_unset(cls, value):
+            return None if isinstance(value, str) and not value.strip() else value
+''')
+
+DRAFT_PLUGIN = textwrap.dedent('''
+    from infer_core.hookspecs import hookimpl
+
+    from PACKAGE.settings import DraftSettings
+
+
+    @hookimpl
+    def register_settings(register):
+        register(DraftSettings)
+''')
+
+
+def install_settings_plugin(root, name: str, entry: str, settings: str = DRAFT_SETTINGS, plugin: str = DRAFT_PLUGIN):
+    package = name.replace("-", "_")
+    files = {"plugin.py": plugin.replace("PACKAGE", package), "settings.py": settings}
+    return install_plugin_package(root, name, entry, package, files, "0.2.0")
+
+
+@pytest.fixture
+def draft_plugin(tmp_path, monkeypatch):
+    root = install_settings_plugin(tmp_path / "site", "infer-draft", "draft")
+    monkeypatch.syspath_prepend(str(root))
+    yield root
+    for module in [m for m in sys.modules if m.startswith(("infer_draft", "infer_rival"))]:
+        del sys.modules[module]
+
+
+def draft_values(settings):
+    section = next(s for s in settings.declared_sections if s.plugin == "draft")
+    return section.settings_class.of(settings)
+
+
+def test_plugin_setting_precedence_and_provenance(draft_plugin, monkeypatch, tmp_path):
+    (tmp_path / ".env").write_text("INFER_NUM_SPECULATIVE_TOKENS=3\nINFER_SPECULATIVE_MODEL=/models/draft-dotenv\n")
+    monkeypatch.setenv("INFER_NUM_SPECULATIVE_TOKENS", "5")
+    values = draft_values(load_settings(num_speculative_tokens=7))
+    assert values.num_speculative_tokens == 7  # argument beats environment
+    assert values.speculative_model == "/models/draft-dotenv"  # .env beats default
+    values = draft_values(load_settings())
+    assert values.num_speculative_tokens == 5  # environment beats .env
+    (tmp_path / ".env").unlink()
+    monkeypatch.delenv("INFER_NUM_SPECULATIVE_TOKENS")
+    settings = load_settings(max_num_seqs=2)
+    assert draft_values(settings).num_speculative_tokens == 4 and draft_values(settings).speculative_model is None
+    monkeypatch.setenv("INFER_SPECULATIVE_MODEL", "/models/draft")
+    settings = load_settings(num_speculative_tokens=6)
+    rows = {name: (value, source) for name, value, source in describe_sources(settings, {"num_speculative_tokens": 6})}
+    assert rows["num_speculative_tokens"] == (6, "argument; declared by plugin draft of infer-draft 0.2.0")
+    assert rows["speculative_model"] == ("/models/draft", "env INFER_SPECULATIVE_MODEL; declared by plugin draft of "
+                                                          "infer-draft 0.2.0")
+    assert rows["max_num_seqs"] == (256, "default")  # the core's rows come first, unchanged
+    assert list(rows).index("max_num_seqs") < list(rows).index("num_speculative_tokens")
+
+
+def test_plugin_setting_validation_and_suggestions(draft_plugin, monkeypatch):
+    monkeypatch.setenv("INFER_NUM_SPECULATIVE_TOKENS", "40")
+    monkeypatch.setenv("INFER_MAX_NUM_SEQS", "0")
+    with pytest.raises(SettingsError) as error:
+        load_settings()
+    assert str(error.value) == (  # the core's and the plugin's problems, in one message and one format
+        "invalid settings: INFER_MAX_NUM_SEQS / max_num_seqs: Input should be greater than or equal to 1 (got '0'); "
+        "INFER_NUM_SPECULATIVE_TOKENS / num_speculative_tokens: Input should be less than or equal to 16 (got '40')"
+    )
+    monkeypatch.delenv("INFER_NUM_SPECULATIVE_TOKENS")
+    monkeypatch.delenv("INFER_MAX_NUM_SEQS")
+    with pytest.raises(SettingsError, match=r"'num_speculative_token' is not a setting; did you mean "
+                                            r"num_speculative_tokens\? \(settings: model, .*, "
+                                            r"num_speculative_tokens, speculative_model\b"):
+        load_settings(num_speculative_token=2)
+    monkeypatch.setenv("INFER_SPECULATIVE_MODLE", "/models/draft")
+    with pytest.raises(SettingsError, match=r"^INFER_SPECULATIVE_MODLE is not a setting; did you mean "
+                                            r"INFER_SPECULATIVE_MODEL\? \(from the environment\)$"):
+        load_settings()
+
+
+def test_a_variable_no_loaded_plugin_declares_is_an_error(draft_plugin, monkeypatch):
+    monkeypatch.setenv("INFER_NUM_SPECULATIVE_TOKENS", "2")
+    assert draft_values(load_settings()).num_speculative_tokens == 2
+    monkeypatch.setenv("INFER_PLUGINS", "")  # the allow-list is read first: no plugin, no plugin settings
+    with pytest.raises(SettingsError) as error:
+        load_settings()
+    message = str(error.value)
+    assert message.startswith("INFER_NUM_SPECULATIVE_TOKENS is not a setting")
+    assert message.endswith("(from the environment); INFER_PLUGINS is '': a plugin it leaves out declares no settings")
+    assert draft_values(load_settings(plugins="draft")).num_speculative_tokens == 2  # the argument beats the variable
+    monkeypatch.delenv("INFER_PLUGINS")
+    monkeypatch.delenv("INFER_NUM_SPECULATIVE_TOKENS")
+    monkeypatch.setenv("INFER_NUM_SPECULATIVE_TOKENZ", "2")
+    with pytest.raises(SettingsError, match=r"^INFER_NUM_SPECULATIVE_TOKENZ is not a setting; did you mean "
+                                            r"INFER_NUM_SPECULATIVE_TOKENS\?"):
+        load_settings()
+
+
+RIVAL_SETTINGS = textwrap.dedent('''
+    from pydantic import Field
+
+    from infer_core.interfaces import PluginSettings
+
+
+    class RivalSettings(PluginSettings):
+        NAME: int = Field(1, description="declared by a second plugin too")
+''')
+
+
+@pytest.mark.parametrize("name, first, fix", [
+    ("num_speculative_tokens", "plugin draft of infer-draft 0.2.0", "; uninstall one or restrict INFER_PLUGINS"),
+    ("max_num_seqs", "infer-core (the engine's own settings)",
+     "; uninstall that plugin or leave it out of INFER_PLUGINS"),
+])
+def test_a_name_declared_twice_names_both(draft_plugin, tmp_path, monkeypatch, name, first, fix):
+    rival = install_settings_plugin(tmp_path / "site2", "infer-rival", "rival",
+                                    settings=RIVAL_SETTINGS.replace("NAME", name),
+                                    plugin=DRAFT_PLUGIN.replace("DraftSettings", "RivalSettings"))
+    monkeypatch.syspath_prepend(str(rival))
+    with pytest.raises(PluginError) as error:
+        load_settings()
+    message = str(error.value)  # which plugin comes first follows the order of sys.path
+    assert message.startswith(f"setting {name!r} is declared twice: by ")
+    assert f"by {first}" in message and "by plugin rival of infer-rival 0.2.0" in message
+    assert message.endswith(fix)
+    monkeypatch.setenv("INFER_PLUGINS", "draft")  # the fix the message gives
+    assert load_settings().max_num_seqs == 256
+
+
+def test_a_settings_class_made_at_run_time_is_refused(draft_plugin, tmp_path, monkeypatch):
+    made = textwrap.dedent('''
+        from pydantic import create_model
+
+        from infer_core.interfaces import PluginSettings
+
+        MadeSettings = create_model("Made", __base__=PluginSettings, made_setting=(int, 1))
+    ''')
+    rival = install_settings_plugin(tmp_path / "site2", "infer-rival", "rival", settings=made,
+                                    plugin=DRAFT_PLUGIN.replace("DraftSettings", "MadeSettings"))
+    monkeypatch.syspath_prepend(str(rival))
+    with pytest.raises(PluginError, match=r"plugin rival \(infer-rival\) registered settings class "
+                                          r"infer_rival\.settings\.Made, which cannot be imported by that name"):
+        load_settings()
+
+
+def test_engine_config_with_plugin_settings_unpickles_in_a_fresh_process(draft_plugin, tiny_checkpoint, monkeypatch):
+    from infer_core.config import EngineConfig
+    from infer_core.models.source import read_model_config, resolve_model_source
+    from infer_core.platform import make_runtime_context
+
+    source = resolve_model_source(str(tiny_checkpoint("llama")))
+    settings = load_settings(num_speculative_tokens=7, max_num_seqs=3)
+    config = EngineConfig(make_runtime_context(settings, read_model_config(source)), source, 16, 64)
+    child = textwrap.dedent('''
+        import pickle, sys
+
+        import infer_core
+
+        config = pickle.load(sys.stdin.buffer)
+        for section in config.settings.declared_sections:
+            print(section.plugin, section.settings_class.of(config.settings).model_dump())
+        print("core", config.settings.max_num_seqs, config.block_size)
+    ''')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(draft_plugin), *sys.path]),
+           "INFER_NUM_SPECULATIVE_TOKENS": "2"}  # the child takes the pickled values, not its environment
+    out = subprocess.run([sys.executable, "-c", child], input=pickle.dumps(config), capture_output=True, env=env,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr.decode()
+    lines = out.stdout.decode().splitlines()
+    assert "draft {'num_speculative_tokens': 7, 'speculative_model': None}" in lines
+    assert lines[-1] == "core 3 16"

@@ -46,3 +46,8 @@ def register_models(register):
 @hookimpl(trylast=True)
 def default_attention_backend(ctx):
     return "torch"
+
+
+@hookimpl(trylast=True)
+def default_parallel_strategy(ctx):
+    return "single" if ctx.settings.tensor_parallel_size == 1 else None

@@ -27,6 +27,7 @@ from infer_core.interfaces.scheduling import (
     SchedulerStats,
     TokenLogprobs,
 )
+from infer_core.interfaces.settings import PluginSettings
 
 __all__ = [
     "AttentionBackend",
@@ -44,6 +45,7 @@ __all__ = [
     "ParallelContext",
     "ParallelStrategy",
     "PendingOutput",
+    "PluginSettings",
     "PrefixHit",
     "PushTarget",
     "Quantizer",

@@ -37,6 +37,14 @@ def test_environment_selects_tp_and_rpc_reaches_every_rank(tiny_checkpoint, monk
     assert_no_workers_left()
 
 
+def test_tp_is_the_default_strategy_for_several_devices(tiny_checkpoint):
+    from infer_core.loader import choose_names, load_catalog
+
+    for size, expected in ((1, "single"), (2, "tp")):
+        ctx = _context(tiny_checkpoint("llama"), device="cpu", tensor_parallel_size=size)
+        assert choose_names(ctx.settings, load_catalog(ctx.settings.plugins), ctx)["parallel"] == expected
+
+
 def test_heads_that_do_not_split_are_refused_before_any_worker_starts(tiny_checkpoint, assert_no_workers_left):
     with pytest.raises(PluginError, match=r"num_attention_heads=4 is not divisible by tensor_parallel_size=3"):
         LLM(str(tiny_checkpoint("llama")), device="cpu", tensor_parallel_size=3)

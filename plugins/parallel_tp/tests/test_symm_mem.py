@@ -6,13 +6,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import types
 
 import pytest
 import torch
 from infer_core.settings import EngineSettings, load_settings
 
 from infer_parallel_tp.group import SYMM_MEM_SETTING, symm_mem_all_reduce_enabled
+from infer_parallel_tp.settings import TPSettings
 from infer_parallel_tp.symm_mem import ONE_SHOT_MAX_BYTES, RankInfo, group_problems, rescue_views, unsuitable
 
 
@@ -73,19 +73,16 @@ def test_rescue_raises_this_ranks_flags_from_the_dead_and_clears_its_own_at_thei
             assert pads[r][:, p].eq(expected).all(), (r, p)
 
 
-def test_the_setting_turns_it_on():
-    assert symm_mem_all_reduce_enabled(types.SimpleNamespace()) is False  # an infer-core without the setting
-    assert symm_mem_all_reduce_enabled(types.SimpleNamespace(**{SYMM_MEM_SETTING: True})) is True
-    assert symm_mem_all_reduce_enabled(types.SimpleNamespace(**{SYMM_MEM_SETTING: False})) is False
-
-
-@pytest.mark.skipif(SYMM_MEM_SETTING not in EngineSettings.model_fields,
-                    reason="infer-core has no enable_symm_mem_all_reduce setting yet")
-def test_the_core_setting_reaches_the_plugin(monkeypatch):
-    assert symm_mem_all_reduce_enabled(load_settings()) is False  # off until measured on two GPUs
+def test_the_plugins_setting_turns_it_on(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # no stray .env
+    monkeypatch.delenv("INFER_ENABLE_SYMM_MEM_ALL_REDUCE", raising=False)
+    assert symm_mem_all_reduce_enabled(load_settings()) is False  # off by default
     assert symm_mem_all_reduce_enabled(load_settings(enable_symm_mem_all_reduce=True)) is True
     monkeypatch.setenv("INFER_ENABLE_SYMM_MEM_ALL_REDUCE", "true")
     assert symm_mem_all_reduce_enabled(load_settings()) is True
+    assert symm_mem_all_reduce_enabled(EngineSettings()) is True  # settings made directly read it on first use
+    assert TPSettings in [section.settings_class for section in load_settings().declared_sections]
+    assert SYMM_MEM_SETTING in TPSettings.model_fields
 
 
 AGREEMENT = textwrap.dedent(

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from infer_core.interfaces import ParallelContext
 
 from infer_parallel_tp.communicator import DistributedCommunicator
+from infer_parallel_tp.settings import TPSettings
 
 # A collective that waits this long means a rank is gone (NCCL's watchdog then aborts it). Long
 # enough for the slowest step of a large model; rank 0 notices a dead spawned worker sooner
@@ -20,8 +21,6 @@ from infer_parallel_tp.communicator import DistributedCommunicator
 COLLECTIVE_TIMEOUT = timedelta(minutes=5)
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 SYMM_MEM_SETTING = "enable_symm_mem_all_reduce"
-PUSH_SETTING = "enable_pushed_partial_sums"
-PUSH_MODE_SETTING = "pushed_partial_sums_mode"
 
 logger = logging.getLogger(__name__)
 
@@ -60,15 +59,14 @@ def torchrun_store(placement: RankPlacement) -> dist.Store:
 
 
 def symm_mem_all_reduce_enabled(settings) -> bool:
-    """The ``enable_symm_mem_all_reduce`` setting (off by default until it is measured on two GPUs; off
-    with an infer-core older than the setting)."""
-    return bool(getattr(settings, SYMM_MEM_SETTING, False))
+    """The plugin's ``enable_symm_mem_all_reduce`` setting (``TPSettings``; off by default)."""
+    return TPSettings.of(settings).enable_symm_mem_all_reduce
 
 
 def push_layout_for(config, world_size: int):
     """The push sites for the engine's model (``push_sites.PushLayout``), or None: pushes off, or nothing to push."""
-    settings = config.settings
-    if not (symm_mem_all_reduce_enabled(settings) and getattr(settings, PUSH_SETTING, False)):
+    settings = TPSettings.of(config.settings)
+    if not (settings.enable_symm_mem_all_reduce and settings.enable_pushed_partial_sums):
         return None
     from infer_core.layers.embedding import vocab_rows_per_rank
 
@@ -76,7 +74,7 @@ def push_layout_for(config, world_size: int):
 
     model = config.model
     return PushLayout.for_model(model.num_layers, model.hidden_size, world_size, getattr(torch, config.dtype),
-                                mode=getattr(settings, PUSH_MODE_SETTING, "gemv"),
+                                mode=settings.pushed_partial_sums_mode,
                                 vocab_rows=vocab_rows_per_rank(model.vocab_size, world_size))
 
 
