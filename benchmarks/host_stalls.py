@@ -1,6 +1,6 @@
 """Host stalls of the step loop over a whole offline-throughput run: per-step parts and every GC pass.
 
-The workload of DESIGN §8 (256 requests, prompts and outputs of 100-1024 tokens, ``ignore_eos``,
+The nano-vllm offline workload (256 requests, prompts and outputs of 100-1024 tokens, ``ignore_eos``,
 temperature 0.6) through ``LLM.generate``, by default on a tiny model on the CPU (1 layer, vocab
 2048; prompt token ids are taken modulo the vocabulary), so what is timed is the engine's Python.
 Each step's ``schedule``, ``prepare`` (the runner's ``requests.apply``, ``build_step_inputs``,

@@ -8,7 +8,7 @@ so each has the GPUs to itself):
   relative (``||a - b|| / ||b||``) of TP=1 for every prompt;
 - decode-latency: batch 1, a 128-token prompt, 256 new tokens, greedy: ms per decode step and
   tokens/s (the prefill step timed apart), median of ``--repeats`` runs after a warm-up;
-- offline-throughput: the DESIGN §8 workload (``random.seed(0)``; 256 prompts of
+- offline-throughput: nano-vllm's workload (``random.seed(0)``; 256 prompts of
   ``randint(100, 1024)`` tokens drawn by ``randint(0, 10000)``; then 256 output lengths
   ``randint(100, 1024)``; ``ignore_eos``; temperature 0.6; one warm-up request before the clock):
   output tokens per second. ``--num-prompts N`` runs the first N of the same 256 to save time.

@@ -1,4 +1,4 @@
-"""Benchmarks of DESIGN §8 as ``infer bench`` commands.
+"""The benchmarks of docs/benchmarks.md as ``infer bench`` commands.
 
 ``infer bench serve`` (:mod:`infer_core.bench.serve`) measures a running server from the outside,
 as its users meet it: it only speaks the OpenAI API, so infer and its peers (vLLM, SGLang, ...) are

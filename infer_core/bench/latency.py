@@ -1,4 +1,4 @@
-"""``infer bench latency``: the decode-latency benchmark of DESIGN §8, infer and its peers.
+"""``infer bench latency``: the decode-latency benchmark (docs/benchmarks.md), infer and its peers.
 
 Batch 1, a ``--prompt-len`` prompt, ``--new-tokens`` greedy tokens (``ignore_eos``), one
 warm-up then ``--repeats`` timed runs: end-to-end output tok/s, decode ms per token (mean and

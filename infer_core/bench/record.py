@@ -1,4 +1,4 @@
-"""The results record of DESIGN §8: ``<benchmark>-<device>-<date>.json`` with device, date, commit,
+"""The results record (docs/benchmarks.md): ``<benchmark>-<device>-<date>.json`` with device, date, commit,
 versions, settings and one row per system measured in the run."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``infer bench throughput``: the offline-throughput benchmark of DESIGN §8, infer and its peers.
+"""``infer bench throughput``: the offline-throughput benchmark (docs/benchmarks.md), infer and its peers.
 
 The nano-vllm workload (:mod:`infer_core.bench.workload`) through ``LLM.generate`` once per
 ``--attention`` backend, each in a fresh process; ``--peers hf-generate-batch`` runs HF

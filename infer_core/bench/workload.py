@@ -1,4 +1,4 @@
-"""The offline-throughput workload of DESIGN §8 (nano-vllm's), bit-exact, and the decode-latency prompt.
+"""The offline-throughput workload (nano-vllm's; docs/benchmarks.md), bit-exact, and the decode-latency prompt.
 
 ``random.seed(0)``; 256 prompts of ``randint(100, 1024)`` token ids drawn by ``randint(0, 10000)``;
 then, in a second loop, 256 output lengths ``randint(100, 1024)`` (133,966 output tokens). A

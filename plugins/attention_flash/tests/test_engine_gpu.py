@@ -1,7 +1,7 @@
 """The whole engine with ``attention="flash"`` on a Qwen3-0.6B-shaped model with dummy weights.
 
 Teacher-forced logits of a mixed prefill/decode step against the ``torch`` backend, and the
-offline-throughput workload of DESIGN §8 run to completion. Needs CUDA and flash_attn.
+offline-throughput workload (docs/benchmarks.md) run to completion. Needs CUDA and flash_attn.
 """
 
 from __future__ import annotations
