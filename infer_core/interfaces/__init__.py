@@ -9,7 +9,6 @@ from infer_core.interfaces.parallel import (
     Executor,
     ParallelContext,
     ParallelStrategy,
-    PushTarget,
     SingleRankCommunicator,
 )
 from infer_core.interfaces.quant import LinearMethod, Quantizer
@@ -45,7 +44,6 @@ __all__ = [
     "ParallelStrategy",
     "PendingOutput",
     "PrefixHit",
-    "PushTarget",
     "Quantizer",
     "ReadyOutput",
     "Request",
