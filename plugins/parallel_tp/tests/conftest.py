@@ -109,13 +109,14 @@ class SimulatedRendezvous:
 
 
 @pytest.fixture
-def simulated_sites():
-    """``simulated_sites(layout, offset=0)``: every rank's ``PushSites`` over buffers of this process."""
+def simulated_sites(device):
+    """``simulated_sites(layout, offset=0)``: every rank's ``PushSites`` over buffers of this process (on ``device``)."""
     from infer_parallel_tp.push_sites import PushSites
 
     def make(layout, offset: int = 0) -> list:
-        buffers = [torch.full((offset + layout.nbytes,), 255, dtype=torch.uint8) for _ in range(layout.world_size)]
+        buffers = [torch.full((offset + layout.nbytes,), 255, dtype=torch.uint8, device=device)
+                   for _ in range(layout.world_size)]
         handle = SimulatedRendezvous(buffers)
-        return [PushSites(handle, r, layout, offset, torch.device("cpu")) for r in range(layout.world_size)]
+        return [PushSites(handle, r, layout, offset, torch.device(device)) for r in range(layout.world_size)]
 
     return make
