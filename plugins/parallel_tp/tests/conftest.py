@@ -110,7 +110,7 @@ class SimulatedRendezvous:
 
 @pytest.fixture
 def simulated_sites(device):
-    """``simulated_sites(layout, offset=0)``: every rank's ``PushSites`` over buffers of this process (on ``device``)."""
+    """``simulated_sites(layout, offset=0)``: every rank's ``PushSites`` over buffers of this process, on ``device``."""
     from infer_parallel_tp.push_sites import PushSites
 
     def make(layout, offset: int = 0) -> list:

@@ -273,13 +273,12 @@ class OneShotAllReduce:
     def rescue_after_peer_death(self, dead: list[int]) -> None:
         """Let this rank's waiting kernels pass the barriers of ``dead`` ranks until the device has drained.
 
-        The flags are written by copies from pinned memory (copy engines, no SM: a ``fill_`` kernel could find
-        no SM free while the waiting kernels hold them); ``test_worker_killed_during_a_step_on_cuda[one-shot]``
-        checks it on two GPUs. The results are garbage (the engine is dead); what matters is that nothing waits on the
-        device forever (a sync, freeing memory). The rescuer writes the flags every millisecond from
-        a side stream until the device's default stream (the runner's) has run through what was
-        launched, at least RESCUE_MIN_SECONDS and at most RESCUE_SECONDS. Its thread holds this
-        object until it ends, so the mapped pads outlive the writes, and frees it then.
+        The results are garbage (the engine is dead); what matters is that nothing waits on the device forever
+        (a sync, freeing memory). The rescuer writes the flags every millisecond from a side stream, by copies
+        from pinned memory (copy engines: a ``fill_`` kernel could find no SM free while the waiting kernels hold
+        them), until the device's default stream (the runner's) has run through what was launched, at least
+        RESCUE_MIN_SECONDS and at most RESCUE_SECONDS. Its thread holds this object until it ends, so the mapped
+        pads outlive the writes, and frees it then (``test_worker_killed_during_a_step_on_cuda[one-shot]``).
         """
         if self._rescuer is not None or not dead:
             return
