@@ -23,7 +23,7 @@ so each has the GPUs to itself):
   one-shot kernel over symmetric memory for small messages, NCCL above; or NCCL and why) and the
   all-reduces rank 0 issued down each (a call captured in a CUDA graph counts once, not per
   replay), and the row-parallel outputs pushed as partial sums instead (``num_pushed``: batch-1 and -2
-  decode, ``layers/fused/pushed_sums.py``). ``--nccl-all-reduce`` turns symmetric memory off
+  decode, the tp plugin's ``pushed_layers.py``). ``--nccl-all-reduce`` turns symmetric memory off
   (``enable_symm_mem_all_reduce=False``) to measure NCCL alone; ``--no-push`` keeps the one-shot
   all-reduce at decode sizes too.
 

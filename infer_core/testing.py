@@ -1,12 +1,15 @@
-"""Test helpers every suite may use (the core's and the plugins'): tiny real checkpoints.
+"""Test helpers every suite may use (the core's and the plugins'): tiny real checkpoints, kernels compiled for sm_90.
 
 ``make_tiny_checkpoint`` writes a random model of a supported architecture as a real HF
 checkpoint (config.json + safetensors + a small tokenizer-free folder), so tests exercise the
-same loading path as a downloaded model and can compare with transformers.
+same loading path as a downloaded model and can compare with transformers. ``compile_for_sm90``
+compiles a Triton kernel for an H100 without a GPU (Triton's own ptxas), and ``float_ops`` lists
+its PTX's float instructions, so tests can check what two kernels compute alike.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -157,22 +160,56 @@ def install_plugin_package(root: str | Path, distribution: str, entry_point: str
     return root
 
 
-def local_push_targets(world_size: int, max_rows: int, n: int, dtype, device, mode: str = "fused") -> list:
-    """``PushTarget``s of ``world_size`` ranks simulated in one process (each rank's memory a tensor here).
+class CannotCompile(Exception):
+    """No NVIDIA backend or ptxas in this Triton install."""
 
-    For tests of the pushed partial sums (``layers/fused/pushed_sums.py``) on one device or in the
-    interpreter: run every rank's pushing GEMV before any rank's reader, since the ranks are not concurrent.
+
+def compile_for_sm90(fn, args: dict, constexprs: dict, num_warps: int, num_stages: int) -> dict:
+    """``fn``'s code (``asm``: ttgir, ptx, ...) specialised as the JIT would for these arguments (aligned tensors).
+
+    Run it in a process without ``TRITON_INTERPRET`` (the kernel must be compiled, not interpreted).
     """
     import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
 
-    from infer_core.interfaces import PushTarget
-    from infer_core.layers.partial_sums import WORD_DTYPE, values_per_word
+    signature, constants, attrs = {}, dict(constexprs), {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif isinstance(args[name], torch.Tensor):
+            signature[name] = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32",
+                               torch.int64: "*i64"}[args[name].dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(args[name], float):
+            signature[name] = "fp32"
+        elif name != "num_rows" and args[name] == 1:  # the JIT turns ints equal to 1 into constants
+            signature[name], constants[name] = "constexpr", 1
+        else:
+            signature[name] = "i32"
+            if name != "num_rows" and args[name] % 16 == 0:  # num_rows: do_not_specialize
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    try:
+        compiled = triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": num_warps, "num_stages": num_stages, "launch_pdl": True})
+    except Exception as exc:  # noqa: BLE001 - no NVIDIA backend or ptxas in this triton install
+        raise CannotCompile(f"{type(exc).__name__}: {exc}") from exc
+    return compiled.asm
 
-    words = n // values_per_word(dtype)
-    slots = [torch.zeros((world_size, max_rows, words), dtype=WORD_DTYPE, device=device) for _ in range(world_size)]
-    return [
-        PushTarget(rank=rank, world_size=world_size, dtype=dtype, n=n,
-                   dest_ptrs=torch.tensor([s[rank].data_ptr() for s in slots], dtype=torch.int64, device=device),
-                   slots=slots[rank], abort=torch.zeros(1, dtype=torch.int32, device=device), mode=mode)
-        for rank in range(world_size)
-    ]
+
+# a float instruction of the PTX (arithmetic, conversions, shuffles of the reductions), its registers renamed below
+FLOAT_OP = re.compile(r"^(?:@!?%p\d+\s+)?((?:fma|mul|add|sub|div|rsqrt|ex2|max|min|neg|abs)\.\S*f32"
+                      r"|cvt\.\S*(?:f32|bf16|f16)\S*|shfl\.\S+|selp\.f32)\s+([^;]*);")
+
+
+def float_ops(ptx: str) -> list[str]:
+    """The PTX's float instructions in order, registers renamed by first appearance (two compiles of one
+    computation give the same list, whatever their register numbers)."""
+    names, found = {}, []
+    for line in ptx.splitlines():
+        m = FLOAT_OP.match(line.strip())
+        if m:
+            operands = re.sub(r"%[a-z]+\d+", lambda r: names.setdefault(r.group(0), f"v{len(names)}"), m.group(2))
+            found.append(f"{m.group(1)} {operands}")
+    return found

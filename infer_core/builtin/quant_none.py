@@ -29,13 +29,6 @@ class UnquantizedLinearMethod(LinearMethod):
         """Whether ``apply`` runs our GEMV kernel for this x (else F.linear)."""
         return use_gemv(self.impl, x, layer.weight, off_cuda=self.force_triton)
 
-    def apply_pushed(self, layer, x: torch.Tensor, target) -> torch.Tensor | None:
-        """``x @ W^T`` pushed as this rank's partial sums into ``target`` (a row-parallel layer; ``uses_gemv`` held);
-        in ``target.mode`` ``gemv`` the sum over the ranks, added by the same launch (else None)."""
-        from infer_core.layers.fused.gemv import gemv_push
-
-        return gemv_push(x, layer.weight, target, add=target.mode == "gemv")
-
     def apply(self, layer, x, bias):
         return dense_linear(x, layer.weight, bias, self.impl, after_rms_norm=self.after_rms_norm,
                             before_silu=self.before_silu, off_cuda=self.force_triton)

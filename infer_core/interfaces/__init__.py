@@ -9,7 +9,6 @@ from infer_core.interfaces.parallel import (
     Executor,
     ParallelContext,
     ParallelStrategy,
-    PushTarget,
     SingleRankCommunicator,
 )
 from infer_core.interfaces.quant import LinearMethod, Quantizer
@@ -47,7 +46,6 @@ __all__ = [
     "PendingOutput",
     "PluginSettings",
     "PrefixHit",
-    "PushTarget",
     "Quantizer",
     "ReadyOutput",
     "Request",

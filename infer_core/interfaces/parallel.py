@@ -14,35 +14,6 @@ if TYPE_CHECKING:
     from infer_core.interfaces.scheduling import PendingOutput, RunnerOutput, SchedulerOutput
 
 
-@dataclass(frozen=True, slots=True)
-class PushTarget:
-    """One all-reduce site (a row-parallel layer) whose partial sums are pushed, not all-reduced.
-
-    The layer's GEMV stores its ``[rows, n]`` partial sums into this rank's slot of the site on
-    every rank (peer memory), each 64-bit word of a slot carrying 32 bits of values and the round of
-    the push; the kernel that reads the sum (``mode``: a small sum kernel, or the next norm + GEMV)
-    waits until every rank's words carry the round and adds the slots itself
-    (``layers/fused/pushed_sums.py``): no all-reduce launch.
-    All tensors are on this rank's device; ``dest_ptrs`` holds addresses other ranks mapped.
-    """
-
-    rank: int
-    world_size: int
-    dtype: torch.dtype  # of the partial sums (float32: one a word; bfloat16, float16: two)
-    n: int  # values a row
-    dest_ptrs: torch.Tensor  # int64 [world]: this rank's slot of the site, on every rank
-    slots: torch.Tensor  # int64 [world, max_rows, n / values a word]: every rank's slot of the site, here
-    abort: torch.Tensor  # int32 [1]: nonzero once a peer died, which lets every wait through
-    # who adds the values (the pushed_partial_sums_mode setting): "gemv" the pushing GEMV's last programs, "sum" a
-    # small kernel after the pushing GEMV, "fused" the next norm + GEMV's prologue, "all_reduce" one kernel that
-    # also pushes (the GEMV stores as usual)
-    mode: str
-
-    @property
-    def max_rows(self) -> int:
-        return self.slots.shape[1]
-
-
 class Communicator(ABC):
     """Collectives among the ranks of one model replica."""
 
@@ -63,18 +34,6 @@ class Communicator(ABC):
 
     def all_to_all(self, x: torch.Tensor, output_split_sizes: list[int], input_split_sizes: list[int]) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} has no all_to_all")
-
-    def push_target(self, site: str, num_rows: int, n: int, dtype: torch.dtype) -> PushTarget | None:
-        """Where the row-parallel layer ``site`` may push ``[num_rows, n]`` partial sums instead of an
-        all-reduce (None: all-reduce them). The same answer on every rank for the same arguments."""
-        return None
-
-    def gather_target(self, num_rows: int, n: int, dtype: torch.dtype) -> PushTarget | None:
-        """Where the LM head may push its ``[num_rows, n]`` logits for ``fused.pushed_sums.all_gather_pushed``
-        instead of :meth:`all_gather` (None: all-gather them). The same answer on every rank for the same
-        arguments. One site: its next push must follow a collective that comes after its last all-gather (a
-        model's layers all-reduce between two LM heads), so that every rank has read the last one."""
-        return None
 
 
 class SingleRankCommunicator(Communicator):

@@ -2,9 +2,6 @@
 
 Each rank holds a contiguous slice of the (padded) vocabulary. The embedding zeroes tokens
 outside its slice and all-reduces; the LM head all-gathers its logits slices, so every rank samples.
-Where the communicator offers a push site (GPUs with symmetric memory, decode-sized batches) the
-lookup, the zeroing and the all-reduce are one launch (``fused/pushed_sums.lookup_all_reduce``), and
-so is the LM head's all-gather (``all_gather_pushed``: no NCCL launch in a decode step's graph).
 """
 
 from __future__ import annotations
@@ -18,7 +15,6 @@ from infer_core.layers import fused
 from infer_core.layers.fused.dense import dense_linear
 
 PAD_MULTIPLE = 64
-PUSH_SITE = "embed_tokens"  # the push site the embedding asks for (its model's first, as it runs first)
 
 
 def vocab_rows_per_rank(vocab_size: int, world_size: int) -> int:
@@ -50,14 +46,6 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.parallel.world_size == 1:
             return F.embedding(input_ids, self.weight)
-        target = None
-        if input_ids.dim() == 1 and input_ids.is_cuda:
-            target = self.parallel.communicator.push_target(PUSH_SITE, input_ids.shape[0], self.weight.shape[1],
-                                                            self.weight.dtype)
-        if target is not None:
-            from infer_core.layers.fused.pushed_sums import lookup_all_reduce
-
-            return lookup_all_reduce(input_ids, self.weight, self.vocab_start, self.vocab_end, target)
         in_range = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)
         local = torch.where(in_range, input_ids - self.vocab_start, 0)
         out = F.embedding(local, self.weight) * in_range.unsqueeze(-1).to(self.weight.dtype)
@@ -78,16 +66,5 @@ class ParallelLMHead(VocabParallelEmbedding):
         # rank's vocabulary slice, tied to the embedding or not
         logits = dense_linear(hidden, self.weight, None, fused.GEMV)
         if self.parallel.world_size > 1:
-            logits = self._all_gather(logits)
+            logits = self.parallel.communicator.all_gather(logits, dim=-1)
         return logits[..., : self.vocab_size]
-
-    def _all_gather(self, logits: torch.Tensor) -> torch.Tensor:
-        communicator = self.parallel.communicator
-        target = None
-        if logits.dim() == 2 and logits.is_cuda:
-            target = communicator.gather_target(logits.shape[0], logits.shape[1], logits.dtype)
-        if target is None:
-            return communicator.all_gather(logits, dim=-1)
-        from infer_core.layers.fused.pushed_sums import all_gather_pushed
-
-        return all_gather_pushed(logits, target)

@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from infer_core.interfaces import LinearMethod, ParallelContext
-from infer_core.layers.partial_sums import PartialSums
 
 
 def _divide(numerator: int, denominator: int, what: str) -> int:
@@ -197,36 +196,11 @@ class RowParallelLinear(LinearBase):
             return loaded
         return loaded.narrow(in_dim, self.parallel.rank * self.input_size, self.input_size)
 
-    def forward(self, x: torch.Tensor, defer_reduce: bool = False) -> torch.Tensor | PartialSums:
-        """The all-reduced output; with ``defer_reduce``, the ranks' pushed partial sums where the
-        communicator offers a push target (its reader adds them: ``layers/partial_sums.py``)."""
-        if defer_reduce and self.parallel.world_size > 1 and self.bias is None:
-            pushed = self._push(x)
-            if pushed is not None:
-                return pushed
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's partial sums, all-reduced by the communicator, then the bias."""
         out = self.method.apply(self, x, None)
         if self.parallel.world_size > 1:
             out = self.parallel.communicator.all_reduce(out)
         if self.bias is not None:
             out = out + self.bias
         return out
-
-    def _push(self, x: torch.Tensor) -> torch.Tensor | PartialSums | None:
-        """This rank's partial sums pushed by the method's GEMV (``apply_pushed``), summed as the target's mode
-        says, or None where it cannot."""
-        apply_pushed = getattr(self.method, "apply_pushed", None)
-        if apply_pushed is None or x.dim() != 2 or not self.method.uses_gemv(self, x):
-            return None
-        n = self.output_sizes[0]
-        target = self.parallel.communicator.push_target(self.prefix, x.shape[0], n, x.dtype)
-        if target is None:
-            return None
-        if target.mode == "all_reduce":
-            from infer_core.layers.fused.pushed_sums import all_reduce_pushed
-
-            return all_reduce_pushed(self.method.apply(self, x, None), target)
-        summed = apply_pushed(self, x, target)
-        if summed is not None:  # mode "gemv": the pushing GEMV's last programs added them
-            return summed
-        pushed = PartialSums(target, (x.shape[0], n))
-        return pushed if target.mode == "fused" else pushed.sum()

@@ -19,7 +19,6 @@ from infer_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from infer_core.layers.fused.gemv_fusion import NormLinear
 from infer_core.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from infer_core.layers.norm import RMSNorm
-from infer_core.layers.partial_sums import reduced
 from infer_core.layers.rotary import RotaryEmbedding
 from infer_core.models.build import BuildContext
 
@@ -50,11 +49,8 @@ class LlamaAttention(nn.Module):
     def forward(self, positions, hidden, kv_cache, attn_metadata):
         return self.forward_qkv(positions, self.qkv_proj(hidden), kv_cache, attn_metadata)
 
-    def forward_qkv(self, positions, qkv, kv_cache, attn_metadata, defer_reduce: bool = False):
-        """The layer from its qkv projection on (the decoder layer fuses that with its input norm where it can).
-
-        ``defer_reduce``: o_proj may return its ranks' pushed partial sums (``layers/partial_sums.py``).
-        """
+    def forward_qkv(self, positions, qkv, kv_cache, attn_metadata):
+        """The layer from its qkv projection on (the decoder layer fuses that with its input norm where it can)."""
         num_tokens = qkv.shape[0]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         head_dim = self.layer.head_dim
@@ -81,7 +77,7 @@ class LlamaAttention(nn.Module):
             out = self.backend.forward(self.layer, q, k, v, kv_cache, attn_metadata, kv_written=True)
         else:
             out = self.backend.forward(self.layer, q, k, v, kv_cache, attn_metadata)
-        return self.o_proj(out.reshape(num_tokens, self.q_size), defer_reduce=defer_reduce)
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
 
     def _fuses_qk_norm_rope(self, q: torch.Tensor, k: torch.Tensor) -> bool:
         """Whether q-norm, k-norm and rotary run as one Triton launch (else as the three layers)."""
@@ -119,12 +115,11 @@ class LlamaDecoderLayer(nn.Module):
         self.norm_gate_up = NormLinear(self.post_attention_layernorm, self.mlp.gate_up_proj, self.mlp.act)
 
     def forward(self, positions, hidden, residual, kv_cache, attn_metadata):
-        """``(hidden, residual)`` of the next layer; under tensor parallelism the hidden state may be the ranks'
-        pushed partial sums of down_proj, which the next norm adds (``reduced`` gives the tensor)."""
+        """``(hidden, residual)`` of the next layer."""
         qkv, residual = self.norm_qkv(hidden, residual)  # residual None (first layer): hidden is the residual
-        hidden = self.self_attn.forward_qkv(positions, qkv, kv_cache, attn_metadata, defer_reduce=True)
+        hidden = self.self_attn.forward_qkv(positions, qkv, kv_cache, attn_metadata)
         activated, residual = self.norm_gate_up(hidden, residual)
-        return self.mlp.down_proj(activated, defer_reduce=True), residual
+        return self.mlp.down_proj(activated), residual
 
 
 class LlamaModel(nn.Module):
@@ -143,7 +138,7 @@ class LlamaModel(nn.Module):
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
             hidden, residual = layer(positions, hidden, residual, kv_cache, attn_metadata)
-        hidden, _ = self.norm(reduced(hidden), residual)
+        hidden, _ = self.norm(hidden, residual)
         return hidden
 
 

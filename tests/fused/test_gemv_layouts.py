@@ -25,58 +25,12 @@ import sys
 import pytest
 import torch
 
+from infer_core.testing import CannotCompile, compile_for_sm90, float_ops
+
 triton = pytest.importorskip("triton")
 
 SMS = 132  # an H100
-# a float instruction of the PTX (arithmetic, conversions, shuffles of the reductions), its registers renamed below
-FLOAT_OP = re.compile(r"^(?:@!?%p\d+\s+)?((?:fma|mul|add|sub|div|rsqrt|ex2|max|min|neg|abs)\.\S*f32"
-                      r"|cvt\.\S*(?:f32|bf16|f16)\S*|shfl\.\S+|selp\.f32)\s+([^;]*);")
 MODELS = {"qwen3-0.6b": (1024, 4096, 6144), "qwen3-8b": (4096, 6144, 24576)}  # hidden, qkv rows, gate_up rows
-
-
-class CannotCompile(Exception):
-    pass
-
-
-def compile_for_sm90(fn, args: dict, constexprs: dict, num_warps: int, num_stages: int) -> dict:
-    """``fn``'s code (``asm``: ttgir, ptx, ...) specialised as the JIT would for these arguments (aligned tensors)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    signature, constants, attrs = {}, dict(constexprs), {}
-    for i, name in enumerate(fn.arg_names):
-        if name in constexprs:
-            signature[name] = "constexpr"
-        elif isinstance(args[name], torch.Tensor):
-            signature[name] = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32",
-                               torch.int64: "*i64"}[args[name].dtype]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(args[name], float):
-            signature[name] = "fp32"
-        elif name != "num_rows" and args[name] == 1:  # the JIT turns ints equal to 1 into constants
-            signature[name], constants[name] = "constexpr", 1
-        else:
-            signature[name] = "i32"
-            if name != "num_rows" and args[name] % 16 == 0:  # num_rows: do_not_specialize
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    try:
-        compiled = triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": num_warps, "num_stages": num_stages, "launch_pdl": True})
-    except Exception as exc:  # no NVIDIA backend or ptxas in this triton install
-        raise CannotCompile(f"{type(exc).__name__}: {exc}") from exc
-    return compiled.asm
-
-
-def float_ops(ptx: str) -> list[str]:
-    """The PTX's float instructions in order, registers renamed by first appearance (two compiles of one
-    computation give the same list, whatever their register numbers)."""
-    names, found = {}, []
-    for line in ptx.splitlines():
-        m = FLOAT_OP.match(line.strip())
-        if m:
-            operands = re.sub(r"%[a-z]+\d+", lambda r: names.setdefault(r.group(0), f"v{len(names)}"), m.group(2))
-            found.append(f"{m.group(1)} {operands}")
-    return found
 
 
 def prefetch_summary(ptx: str) -> dict:
@@ -121,34 +75,25 @@ def h100_prefetch(cfg, k: int) -> int:
     return prefetch_lines(cfg, k, 2, True)
 
 
-def gemv_asm(n: int, k: int, num_rows: int, cfg, prefetch: int, *, push_ranks: int = 0, bias: bool = True,
-             add_programs: int = 0) -> dict:
-    """The GEMV's code; ``push_ranks``: pushing its sums to that many ranks (``fused/pushed_sums.py``), the last
-    ``add_programs`` then adding every rank's (mode ``gemv``)."""
+def gemv_asm(n: int, k: int, num_rows: int, cfg, prefetch: int, *, bias: bool = True) -> dict:
+    """The GEMV's code."""
     from infer_core.layers.fused.gemv import _gemv_kernel
-    from infer_core.layers.fused.pushed_sums import ADD_BLOCK
 
     t = torch.empty(1, dtype=torch.bfloat16)
-    words = torch.empty(1, dtype=torch.int64)  # push: y is this rank's slot of 64-bit words; the slots' addresses
-    abort = torch.empty(1, dtype=torch.int32)
-    args = dict(x_ptr=t, w_ptr=t, bias_ptr=t, y_ptr=words if push_ranks else t, num_rows=num_rows, N=n, K=k,
-                stride_xm=k, stride_wn=k, stride_ym=n, push_dest_ptrs=words, slots_ptr=words, slot_words=8 * n // 2,
-                sum_ptr=t, abort_ptr=abort)
+    args = dict(x_ptr=t, w_ptr=t, bias_ptr=t, y_ptr=t, num_rows=num_rows, N=n, K=k, stride_xm=k, stride_wn=k,
+                stride_ym=n)
     return compile_for_sm90(_gemv_kernel, args, dict(
         BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias, NUM_STAGES=cfg.num_stages, SINGLE_STEP=cfg.block_k >= k,
-        PREFETCH_LINES=prefetch, USE_PDL=True, PUSH_RANKS=push_ranks,
-        PUSH_VALUES_PER_WORD=2 if push_ranks else 1, ADD_PROGRAMS=add_programs, ADD_BLOCK=ADD_BLOCK), cfg.num_warps,
-        cfg.num_stages)
+        PREFETCH_LINES=prefetch, USE_PDL=True), cfg.num_warps, cfg.num_stages)
 
 
 def gemv_layouts(n: int, k: int, num_rows: int, cfg) -> list[str]:
     return reduce_layouts(gemv_asm(n, k, num_rows, cfg, h100_prefetch(cfg, k))["ttgir"])
 
 
-def fused_asm(n: int, k: int, num_rows: int, cfg, prefetch: int, *, norm: bool, silu: bool,
-              partial_ranks: int = 0) -> dict:
-    """The fused kernel's code; ``partial_ranks``: x the sum of that many ranks' pushed partial sums."""
+def fused_asm(n: int, k: int, num_rows: int, cfg, prefetch: int, *, norm: bool, silu: bool) -> dict:
+    """The fused kernel's code."""
     from infer_core.layers.fused.norm_gemv import _norm_gemv_kernel
     from infer_core.layers.fused.rms_norm import MAX_SINGLE_PASS
     from infer_core.layers.fused.rms_norm import _tiles as norm_tiles
@@ -156,46 +101,17 @@ def fused_asm(n: int, k: int, num_rows: int, cfg, prefetch: int, *, norm: bool, 
     t = torch.empty(1, dtype=torch.bfloat16)
     n_out = n // 2 if silu else n
     bm, bn, _, _ = norm_tiles(k, MAX_SINGLE_PASS)
-    abort = torch.empty(1, dtype=torch.int32)
-    words = torch.empty(1, dtype=torch.int64)  # partial_ranks: x is rank 0's slot of 64-bit words
-    args = dict(x_ptr=words if partial_ranks else t, res_ptr=t, norm_w_ptr=t, w_ptr=t, bias_ptr=t, y_ptr=t,
-                res_out_ptr=t, num_rows=num_rows, N=n_out, K=k, stride_xm=k, stride_rm=k, stride_wn=k,
-                stride_ym=n_out, eps=1e-6, partial_stride=8 * k // 2, abort_ptr=abort)
+    args = dict(x_ptr=t, res_ptr=t, norm_w_ptr=t, w_ptr=t, bias_ptr=t, y_ptr=t, res_out_ptr=t, num_rows=num_rows,
+                N=n_out, K=k, stride_xm=k, stride_rm=k, stride_wn=k, stride_ym=n_out, eps=1e-6)
     return compile_for_sm90(_norm_gemv_kernel, args, dict(
         BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=True, NUM_STAGES=cfg.num_stages, SINGLE_STEP=cfg.block_k >= k,
         HAS_NORM=norm, HAS_RESIDUAL=norm, NORM_BLOCK_M=bm, NORM_BLOCK_N=bn, SILU=silu, PREFETCH_LINES=prefetch,
-        USE_PDL=True, PARTIAL_RANK=0, PARTIAL_RANKS=partial_ranks, PARTIAL_PER_WORD=2 if partial_ranks else 1),
-        cfg.num_warps, cfg.num_stages)
+        USE_PDL=True), cfg.num_warps, cfg.num_stages)
 
 
-def fused_layouts(n: int, k: int, num_rows: int, cfg, *, norm: bool, silu: bool, partial_ranks: int = 0) -> list[str]:
-    return reduce_layouts(fused_asm(n, k, num_rows, cfg, h100_prefetch(cfg, k), norm=norm, silu=silu,
-                                    partial_ranks=partial_ranks)["ttgir"])
-
-
-def push_cases() -> list[dict]:
-    """Qwen3-8B at two ranks: the row-parallel GEMVs plain and pushing, the norm + GEMVs on a tensor and on
-    two ranks' pushed partial sums (``fused/pushed_sums.py``)."""
-    from infer_core.layers.fused.gemv import choose_config, config_after_rms_norm
-    from infer_core.layers.fused.pushed_sums import ADD_BLOCK
-
-    hidden, heads_dim, inter = 4096, 4096, 12288
-    cases = []
-    for num_rows in (1, 2):
-        for name, n, k in (("o_proj", hidden, heads_dim // 2), ("down_proj", hidden, inter // 2)):
-            cfg = choose_config(n, k, 2, SMS)
-            plain, pushed = (float_ops(gemv_asm(n, k, num_rows, cfg, h100_prefetch(cfg, k), push_ranks=ranks,
-                                                bias=False)["ptx"]) for ranks in (0, 2))
-            adding = float_ops(gemv_asm(n, k, num_rows, cfg, h100_prefetch(cfg, k), push_ranks=2, bias=False,
-                                        add_programs=num_rows * n // ADD_BLOCK)["ptx"])
-            cases.append(dict(case=f"{name} rows={num_rows}", plain=plain, pushed=pushed, adding=adding))
-        for name, n, silu in (("qkv", (4096 + 2 * 1024) // 2, False), ("gate_up+silu", inter, True)):
-            cfg = config_after_rms_norm(n, hidden, 2, SMS, silu=silu)
-            on_tensor, on_partials = (fused_layouts(n, hidden, num_rows, cfg, norm=True, silu=silu, partial_ranks=r)
-                                      for r in (0, 2))
-            cases.append(dict(case=f"norm+{name} rows={num_rows}", on_tensor=on_tensor, on_partials=on_partials))
-    return cases
+def fused_layouts(n: int, k: int, num_rows: int, cfg, *, norm: bool, silu: bool) -> list[str]:
+    return reduce_layouts(fused_asm(n, k, num_rows, cfg, h100_prefetch(cfg, k), norm=norm, silu=silu)["ttgir"])
 
 
 def prefetch_cases() -> list[dict]:
@@ -254,7 +170,7 @@ def collect() -> dict:
     four_warps = GemvConfig(block_n=8, block_k=1024, num_warps=4, num_stages=1)
     four_warp_squares = tiles_of(fused_layouts(n_qkv, k, 1, four_warps, norm=True, silu=False), norm_bm, norm_bn)
     return dict(cases=cases, norm_warps=norm_warps, sum_of_squares=rms_norm_layouts(k, 1)[0],
-                four_warp_squares=four_warp_squares, prefetch=prefetch_cases(), push=push_cases())
+                four_warp_squares=four_warp_squares, prefetch=prefetch_cases())
 
 
 @pytest.fixture(scope="module")
@@ -296,27 +212,6 @@ def test_l2_prefetch_stands_before_the_wait_and_changes_no_float_instruction(lay
             assert found["prefetch_lines"] * 64 >= want_k, (case["case"], steps)
             assert found["num_prefetches"] >= 1 and found["all_before_wait"], (case["case"], steps)
             assert found["float_ops"] == without["float_ops"], (case["case"], steps)
-
-
-def test_pushing_changes_no_float_instruction_nor_sum_layout(layouts):
-    """Partial sums pushed to every rank are the plain GEMV's bits (so the pushed path all-reduces what NCCL
-    would), and the norm + GEMV on pushed partial sums sums its squares and columns in the plain layouts.
-
-    What pushing adds is no arithmetic: shuffles that bring two rounded values into one word, after the last
-    rounding, and the reader's count (int32) of words not yet of this round."""
-    for case in layouts["push"]:
-        if "plain" in case:
-            pushed = case["pushed"]
-            moves = [i for i, op in enumerate(pushed) if op.startswith("shfl.sync.idx")]
-            last_rounding = max(i for i, op in enumerate(pushed) if op.startswith("cvt.rn.bf16.f32"))
-            assert all(i > last_rounding for i in moves), case["case"]
-            arithmetic = [op for i, op in enumerate(pushed) if i not in moves]
-            assert case["plain"] and arithmetic == case["plain"], case["case"]
-            # the last programs adding the ranks' words (mode gemv) come after: the GEMV's own code is unchanged
-            assert case["adding"][:len(pushed)] == pushed, case["case"]
-        else:
-            float_sums = [t for t in case["on_partials"] if "xi32," not in t]
-            assert case["on_tensor"] and float_sums == case["on_tensor"], case["case"]
 
 
 if __name__ == "__main__":

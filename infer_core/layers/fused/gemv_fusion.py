@@ -16,7 +16,6 @@ from infer_core.layers import fused
 from infer_core.layers.activation import SiluAndMul
 from infer_core.layers.linear import LinearBase
 from infer_core.layers.norm import RMSNorm
-from infer_core.layers.partial_sums import PartialSums
 
 # What the decoder layers run on CUDA at decode sizes: TRITON fuses the chain where each layer would run
 # Triton anyway (norm, dense GEMV, SiLU-and-mul), TORCH keeps the layers separate. Set per instance by ``impl``.
@@ -53,17 +52,9 @@ class NormLinear:
                 and self.norm.uses_triton(x, residual) and method.uses_gemv(self.linear, x)
                 and (self.act is None or self.act.uses_triton(x)))
 
-    def __call__(self, x: torch.Tensor | PartialSums,
-                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(out, next residual)``; with ``residual`` None (the first layer) x itself is the residual.
-
-        x may be the row-parallel layer's pushed ``PartialSums``: the fused launch adds them in its
-        prologue; every other path sums them first.
-        """
-        # the sum has the residual's shape, dtype and device, so the residual answers fuses() for it
-        if isinstance(x, PartialSums) and not (residual is not None and self.fuses(residual, residual)):
-            x = x.sum()
-        if not (isinstance(x, PartialSums) or self.fuses(x, residual)):
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(out, next residual)``; with ``residual`` None (the first layer) x itself is the residual."""
+        if not self.fuses(x, residual):
             return self._unfused(x, residual)
         from infer_core.layers.fused.norm_gemv import rms_norm_gemv
 

@@ -50,34 +50,14 @@ from infer_core.layers.fused.gemv import (
     prefetch_w_to_l2,
 )
 from infer_core.layers.fused.pdl import pdl_enter
-from infer_core.layers.fused.pushed_sums import load_summed
 from infer_core.layers.fused.rms_norm import MAX_SINGLE_PASS, _load_row_chunk
 from infer_core.layers.fused.rms_norm import _tiles as norm_tiles
-from infer_core.layers.partial_sums import PartialSums, checked_values_per_word
-
-
-@triton.jit
-def _load_input_chunk(x_ptr, res_ptr, x_offs, r_offs, mask, HAS_RESIDUAL: tl.constexpr, dtype: tl.constexpr,
-                      PARTIAL_RANK: tl.constexpr, PARTIAL_RANKS: tl.constexpr, PARTIAL_PER_WORD: tl.constexpr,
-                      partial_stride, abort_ptr, WAIT: tl.constexpr):
-    """``rms_norm.py``'s ``_load_row_chunk``; with ``PARTIAL_RANKS``, x is the sum of the ranks' pushed partial
-    sums (``x_ptr``: rank 0's slot of words, ``partial_stride`` words apart), rounded as the all-reduce
-    would; ``WAIT``: first wait for every rank's push (``fused/pushed_sums.py``)."""
-    if PARTIAL_RANKS > 0:
-        x = load_summed(x_ptr, partial_stride, x_offs, mask, abort_ptr, PARTIAL_RANK, PARTIAL_RANKS, dtype,
-                        PARTIAL_PER_WORD, WAIT)
-        if HAS_RESIDUAL:
-            r = tl.load(res_ptr + r_offs, mask=mask, other=0.0)
-            x = (x + r.to(tl.float32)).to(dtype).to(tl.float32)
-        return x
-    return _load_row_chunk(x_ptr, res_ptr, x_offs, r_offs, mask, HAS_RESIDUAL)
 
 
 @triton.jit
 def _rows_rstd(x_ptr, res_ptr, res_out_ptr, num_rows, K, stride_xm, stride_rm, eps, offs_m,
                BLOCK_M: tl.constexpr, NORM_BLOCK_M: tl.constexpr, NORM_BLOCK_N: tl.constexpr,
-               HAS_RESIDUAL: tl.constexpr, PARTIAL_RANK: tl.constexpr, PARTIAL_RANKS: tl.constexpr,
-               PARTIAL_PER_WORD: tl.constexpr, partial_stride, abort_ptr):
+               HAS_RESIDUAL: tl.constexpr):
     """``1 / rms`` of each row of ``x (+ residual)`` as ``[BLOCK_M]``; program 0 stores ``x + residual``.
 
     Rows go in blocks of ``rms_norm.py``'s tile ``[NORM_BLOCK_M, NORM_BLOCK_N]`` through its own load
@@ -91,10 +71,8 @@ def _rows_rstd(x_ptr, res_ptr, res_out_ptr, num_rows, K, stride_xm, stride_rm, e
     for start in tl.static_range(0, BLOCK_M, NORM_BLOCK_M):
         rows = start + block_rows
         mask = (rows < num_rows)[:, None] & (cols < K)[None, :]
-        x = _load_input_chunk(x_ptr, res_ptr, (rows * stride_xm)[:, None] + cols[None, :],
-                              (rows * stride_rm)[:, None] + cols[None, :], mask, HAS_RESIDUAL,
-                              res_out_ptr.dtype.element_ty, PARTIAL_RANK, PARTIAL_RANKS, PARTIAL_PER_WORD,
-                              partial_stride, abort_ptr, True)
+        x = _load_row_chunk(x_ptr, res_ptr, (rows * stride_xm)[:, None] + cols[None, :],
+                            (rows * stride_rm)[:, None] + cols[None, :], mask, HAS_RESIDUAL)
         if HAS_RESIDUAL:
             tl.store(res_out_ptr + (rows * K)[:, None] + cols[None, :], x.to(res_out_ptr.dtype.element_ty),
                      mask=(rows < stored_rows)[:, None] & (cols < K)[None, :])
@@ -107,14 +85,11 @@ def _rows_rstd(x_ptr, res_ptr, res_out_ptr, num_rows, K, stride_xm, stride_rm, e
 
 
 @triton.jit
-def _normed_chunk(x_ptr, res_ptr, norm_w_ptr, row, k, K, stride_xm, stride_rm, rstd,
-                  HAS_RESIDUAL: tl.constexpr, PARTIAL_RANK: tl.constexpr, PARTIAL_RANKS: tl.constexpr,
-                  PARTIAL_PER_WORD: tl.constexpr, partial_stride, abort_ptr):
+def _normed_chunk(x_ptr, res_ptr, norm_w_ptr, row, k, K, stride_xm, stride_rm, rstd, HAS_RESIDUAL: tl.constexpr):
     """One K chunk of the norm's output row, rounded as ``rms_norm.py`` stores it, in float32."""
     mask = k < K
     dtype = norm_w_ptr.dtype.element_ty
-    x = _load_input_chunk(x_ptr, res_ptr, row * stride_xm + k, row * stride_rm + k, mask, HAS_RESIDUAL, dtype,
-                          PARTIAL_RANK, PARTIAL_RANKS, PARTIAL_PER_WORD, partial_stride, abort_ptr, False)
+    x = _load_row_chunk(x_ptr, res_ptr, row * stride_xm + k, row * stride_rm + k, mask, HAS_RESIDUAL)
     y = (x * rstd).to(dtype).to(tl.float32)
     w = tl.load(norm_w_ptr + k, mask=mask, other=0.0).to(tl.float32)
     return (w * y).to(dtype).to(tl.float32)
@@ -137,8 +112,6 @@ def _norm_gemv_kernel(
     stride_wn,
     stride_ym,
     eps,
-    partial_stride,
-    abort_ptr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -153,14 +126,8 @@ def _norm_gemv_kernel(
     SILU: tl.constexpr,
     PREFETCH_LINES: tl.constexpr,
     USE_PDL: tl.constexpr,
-    PARTIAL_RANK: tl.constexpr,
-    PARTIAL_RANKS: tl.constexpr,
-    PARTIAL_PER_WORD: tl.constexpr,
 ):
     """``y[M, N]``: (silu(gate) * up of) ``norm(x (+ residual)) @ W^T (+ bias)``; N is I with SILU (W has 2I rows).
-
-    With ``PARTIAL_RANKS`` > 0, x is the sum of the ranks' partial sums pushed into the slots of words at
-    ``x_ptr`` (``fused/pushed_sums.py``): the norm's prologue, after the W loads, waits for every rank's push.
 
     Program p computes column blocks p, p + P, p + 2P, ... (P programs): one block each unless the
     launch is persistent (fewer programs than blocks), which pays the norm's prologue once per program.
@@ -182,8 +149,7 @@ def _norm_gemv_kernel(
     pdl_enter(USE_PDL)  # before any other load or store: see fused/pdl.py
     if HAS_NORM:
         rstd_rows = _rows_rstd(x_ptr, res_ptr, res_out_ptr, num_rows, K, stride_xm, stride_rm, eps, offs_m,
-                               BLOCK_M, NORM_BLOCK_M, NORM_BLOCK_N, HAS_RESIDUAL, PARTIAL_RANK, PARTIAL_RANKS,
-                               PARTIAL_PER_WORD, partial_stride, abort_ptr)
+                               BLOCK_M, NORM_BLOCK_M, NORM_BLOCK_N, HAS_RESIDUAL)
     dtype = y_ptr.dtype.element_ty
     num_blocks = tl.cdiv(N, BLOCK_N)
     for block in tl.range(tl.program_id(0), num_blocks, tl.num_programs(0)):
@@ -208,8 +174,7 @@ def _norm_gemv_kernel(
                 if HAS_NORM:
                     rstd = tl.sum(tl.where(offs_m == row, rstd_rows, 0.0), axis=0)
                     xm = _normed_chunk(x_ptr, res_ptr, norm_w_ptr, row, k, K, stride_xm, stride_rm, rstd,
-                                       HAS_RESIDUAL, PARTIAL_RANK, PARTIAL_RANKS, PARTIAL_PER_WORD, partial_stride,
-                                       abort_ptr)
+                                       HAS_RESIDUAL)
                 elif EVEN_K:
                     xm = tl.load(x_ptr + row * stride_xm + k).to(tl.float32)
                 else:
@@ -238,8 +203,7 @@ def _rows(t: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def _launch(x, residual, norm_weight, eps, weight, bias, silu: bool, config: GemvConfig | None):
-    """Checks, the launch, and ``(y, x + residual or None)``; x may be pushed ``PartialSums`` (with a norm)."""
-    partials = x if isinstance(x, PartialSums) else None
+    """Checks, the launch, and ``(y, x + residual or None)``."""
     k = x.shape[-1]
     if weight.dim() != 2 or weight.shape[1] != k:
         raise ValueError(f"weight {tuple(weight.shape)} does not fit x {tuple(x.shape)}: it must be [N, {k}]")
@@ -255,22 +219,10 @@ def _launch(x, residual, norm_weight, eps, weight, bias, silu: bool, config: Gem
     if norm_weight is not None and (norm_weight.shape != (k,) or k > MAX_SINGLE_PASS):
         raise ValueError(f"norm weight {tuple(norm_weight.shape)} must be [{k}], at most {MAX_SINGLE_PASS} "
                          "(longer rows: rms_norm then gemv)")
-    if partials is not None and norm_weight is None:
-        raise ValueError("pushed partial sums are added in the norm's prologue: pass a norm weight, or sum them first")
     if residual is not None and (tuple(residual.shape) != tuple(x.shape) or residual.dtype != x.dtype):
         raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} must match x {tuple(x.shape)} {x.dtype}")
-    if partials is None:
-        rows = _rows(x, k)
-        num_rows, stride_xm, partial_stride = rows.shape[0], rows.stride(0), 0
-        abort, partial_rank, partial_ranks, per_word = weight, 0, 0, 1  # not read without PARTIAL_RANKS
-    else:
-        target = partials.target
-        if target.n != k:
-            raise ValueError(f"pushed partial sums of {target.n} values a row do not fit x's {k}")
-        per_word = checked_values_per_word(target)
-        rows = target.slots[0]  # rank 0's slot; rank r's lies r * partial_stride words on
-        num_rows, stride_xm, partial_stride = partials.num_rows, k, target.slots.stride(0)
-        abort, partial_rank, partial_ranks = target.abort, target.rank, target.world_size
+    rows = _rows(x, k)
+    num_rows, stride_xm = rows.shape[0], rows.stride(0)
     if num_rows > MAX_ROWS:
         raise ValueError(f"the fused GEMV takes at most {MAX_ROWS} rows, got {num_rows}: use the separate layers")
     n_out = n // 2 if silu else n
@@ -297,26 +249,23 @@ def _launch(x, residual, norm_weight, eps, weight, bias, silu: bool, config: Gem
         rows, res_rows, norm_weight if norm_weight is not None else weight, weight,
         bias if bias is not None else weight, out, res_out if res_out is not None else out,
         num_rows, n_out, k, stride_xm, res_rows.stride(0), weight.stride(0), n_out, eps,
-        partial_stride, abort,
         BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_K=k % config.block_k == 0, HAS_BIAS=bias is not None, NUM_STAGES=config.num_stages,
         SINGLE_STEP=single_step, HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None,
         NORM_BLOCK_M=norm_block_m, NORM_BLOCK_N=norm_block_n, SILU=silu,
         PREFETCH_LINES=prefetch_lines(config, k, weight.element_size(), pdl),
         num_warps=config.num_warps, num_stages=config.num_stages,
-        USE_PDL=pdl, launch_pdl=pdl, PARTIAL_RANK=partial_rank, PARTIAL_RANKS=partial_ranks,
-        PARTIAL_PER_WORD=per_word,
+        USE_PDL=pdl, launch_pdl=pdl,
     )
     return out, res_out
 
 
-def rms_norm_gemv(x: torch.Tensor | PartialSums, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+def rms_norm_gemv(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
                   bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, *, silu: bool = False,
                   config: GemvConfig | None = None):
     """``gemv(rms_norm(x, norm_weight, eps, residual), weight, bias)``, then ``silu_and_mul`` with ``silu``.
 
     Returns y, or ``(y, x + residual)`` with ``residual`` (like ``rms_norm``); the sum is a new tensor.
-    x may be a row-parallel layer's pushed ``PartialSums``: added here, as the all-reduce would have.
     ``config`` defaults to ``config_after_rms_norm``'s, the tiles of the unfused GEMV after a norm.
     """
     y, summed = _launch(x, residual, norm_weight, eps, weight, bias, silu, config)

@@ -149,7 +149,8 @@ PUSHED_BITS = textwrap.dedent(
                                                         enable_pushed_partial_sums=True, pushed_partial_sums_mode=mode)
         print("RESULT", json.dumps({
             "ref_pushed": ref_account["num_pushed"], "pushed": account["num_pushed"], "path": account["path"],
-            "push_sites": account["num_push_sites"], "gathers_pushed": account["num_gathers_pushed"],
+            "push_sites": account["num_push_sites"], "sites_pushed": account["num_sites_pushed"],
+            "gathers_pushed": account["num_gathers_pushed"],
             "same_tokens": tokens == ref_tokens,
             "max_abs_diff": max(float((a.float() - b.float()).abs().max()) for a, b in zip(logits, ref_logits)),
             "same_bits": all(torch.equal(a, b) for a, b in zip(logits, ref_logits)),
@@ -158,7 +159,7 @@ PUSHED_BITS = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("mode", ["sum", "gemv", "all_reduce"])
+@pytest.mark.parametrize("mode", ["gemv", "sum", "all_reduce"])
 def test_pushed_partial_sums_give_the_all_reduce_bits(tiny_checkpoint, tmp_path, assert_no_workers_left, mode):
     """Two ranks' bfloat16 partial sums, pushed and added in each mode, are NCCL's correctly rounded sums, and the
     LM head's pushed all-gather NCCL's: every step's logits are the same bits as with every all-reduce and
@@ -173,7 +174,8 @@ def test_pushed_partial_sums_give_the_all_reduce_bits(tiny_checkpoint, tmp_path,
     assert result["ref_pushed"] == 0
     assert result["pushed"] > 0 and f"added by {mode}" in result["path"], result
     num_layers = json.loads((tiny_checkpoint("qwen3") / "config.json").read_text())["num_hidden_layers"]
-    assert result["push_sites"] == 2 * num_layers + 1, result  # every row-parallel layer pushed, and the embedding
+    # prepare_model gave every row-parallel layer and the embedding a site, and each of them pushed
+    assert result["push_sites"] == result["sites_pushed"] == 2 * num_layers + 1, result
     assert result["gathers_pushed"] > 0, result  # the LM head's logits too (their bits are the NCCL all-gather's)
     assert result["same_tokens"] and result["same_bits"], result
     assert_no_workers_left()
@@ -275,7 +277,7 @@ MID_STEP_KILL = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("path", ["NCCL", "one-shot", "pushed-sum", "pushed-gemv", "pushed-all-reduce"])
+@pytest.mark.parametrize("path", ["NCCL", "one-shot", "pushed-gemv", "pushed-sum", "pushed-all-reduce"])
 def test_worker_killed_during_a_step_on_cuda(tiny_checkpoint, tmp_path, path):
     """With NCCL (the default), with the one-shot kernel, which NCCL's abort cannot stop, and with partial sums
     pushed (rank 0's readers wait for the dead rank's words until ``abort`` is raised).

@@ -1,5 +1,5 @@
-"""Push sites laid out in the symmetric buffer, checked on the CPU: sizes, the order sites are assigned,
-and every rank's addresses, with the core's pushing GEMV and sum kernel run on them in Triton's interpreter.
+"""Push sites laid out in the symmetric buffer, checked on the CPU: sizes, the order sites are handed out,
+and every rank's addresses, with the pushing GEMV and the sum kernel run on them in Triton's interpreter.
 
 The rendezvous is simulated: each rank's symmetric buffer is a tensor of this process, and ``get_buffer``
 views it as torch's handle views a peer's mapping. ``test_gpu.py`` runs the real thing on two GPUs.
@@ -37,9 +37,11 @@ SIMULATED_RANKS = textwrap.dedent(
     os.environ["TRITON_INTERPRET"] = "1"
     import torch
     import torch.distributed as dist
-    from infer_core.layers.fused.gemv import gemv, gemv_push
-    from infer_core.layers.fused.pushed_sums import all_gather_pushed, sum_pushed
+    from infer_core.layers.fused.gemv import gemv
+    from infer_parallel_tp.push_all_reduce import all_gather_pushed
     from infer_parallel_tp.push_sites import PushLayout, PushSites
+    from infer_parallel_tp.pushed_sums import sum_pushed
+    from infer_parallel_tp.pushing_gemv import gemv_push
 
     WORLD, N, K, OFFSET = 2, 24, 16, 64  # OFFSET: the one-shot all-reduce's bytes before the sites
 
@@ -58,14 +60,15 @@ SIMULATED_RANKS = textwrap.dedent(
     sites = [PushSites(Rendezvous(buffers), r, layout, OFFSET, torch.device("cpu")) for r in range(WORLD)]
     assert all(int(s.slots.abs().sum()) == 0 for s in sites)  # zeroed: round 0 (the buffer held 0xff)
     assert all(int(s.gather.slots.abs().sum()) == 0 for s in sites)
-    for s in sites:
-        assert s.target("layers.0.o_proj", 1, N, torch.bfloat16) is s._targets[0]
-        assert s.target("layers.0.down_proj", 2, N, torch.bfloat16) is s._targets[1]
-        assert s.target("layers.0.o_proj", 2, N, torch.bfloat16) is s._targets[0]  # the same layer, the same site
-        assert s.target("x", 9, N, torch.bfloat16) is None  # more rows than a slot
-        assert s.target("x", 1, N + 1, torch.bfloat16) is None and s.target("x", 1, N, torch.float16) is None
-    assert sites[0].target("layers.1.o_proj", 1, N, torch.bfloat16) is sites[0]._targets[2]
-    assert sites[0].target("layers.1.down_proj", 1, N, torch.bfloat16) is None  # all 3 sites taken
+    for s in sites:  # handed out in order, each once
+        taken = [s.take() for _ in range(4)]
+        assert taken[3] is None and [site for site, _ in taken[:3]] == [0, 1, 2]  # then all 3 sites are taken
+        assert all(target is s._targets[site] for site, target in taken[:3])
+        assert s.num_taken == 3 and s.pushes == [0, 0, 0]
+        target = s._targets[0]
+        assert target.fits(8, N, torch.bfloat16) and not target.fits(9, N, torch.bfloat16)  # more rows than a slot
+        assert not target.fits(1, N + 1, torch.bfloat16) and not target.fits(1, N, torch.float16)
+        assert not target.fits(0, N, torch.bfloat16)
     # where rank 0's slot of site 1 lies on rank 1: in rank 1's buffer, after the one-shot's bytes
     target = sites[0]._targets[1]
     assert int(target.dest_ptrs[1]) == sites[1].slots[1, 0].data_ptr()
@@ -88,12 +91,12 @@ SIMULATED_RANKS = textwrap.dedent(
     assert sites[1].gather.slots.shape == (WORLD, 8, VOCAB // 2) and layout.nbytes % 16 == 0
     assert OFFSET + layout.nbytes == buffers[1].numel()
     assert int(sites[0].gather.dest_ptrs[1]) == sites[1].gather.slots[0].data_ptr()
-    assert sites[0].gather_target(3, VOCAB, torch.bfloat16) is sites[0].gather
-    assert sites[0].gather_target(9, VOCAB, torch.bfloat16) is None
-    assert sites[0].gather_target(1, N, torch.bfloat16) is None
+    gather = sites[0].gather
+    assert gather.fits(3, VOCAB, torch.bfloat16) and not gather.fits(9, VOCAB, torch.bfloat16)
+    assert not gather.fits(1, N, torch.bfloat16)
     logits = [torch.randn(3, VOCAB, generator=gen).to(torch.bfloat16) for _ in range(WORLD)]
     gemv_push(logits[1], torch.eye(VOCAB, dtype=torch.bfloat16), sites[1].gather)  # rank 1's words, as they are
-    got = all_gather_pushed(logits[0], sites[0].gather_target(3, VOCAB, torch.bfloat16))
+    got = all_gather_pushed(logits[0], gather)
     assert torch.equal(got, torch.cat(logits, dim=-1))  # rank 0's: its own slice, then rank 1's pushed
     assert ((sites[1].gather.slots[0, :3] >> 32) == 1).all()  # rank 0's logits reached rank 1 with round 1
     print("OK")

@@ -91,7 +91,7 @@ COLLECTIVES = textwrap.dedent(
     x = torch.arange(6, dtype=torch.float32).reshape(2, 3) + 10 * rank
     assert torch.equal(comm.all_reduce(x.clone()), sum(torch.arange(6.0).reshape(2, 3) + 10 * r for r in range(world)))
     assert comm.describe() == {"path": "gloo", "one_shot_max_bytes": 0, "num_one_shot": 0, "num_pushed": 0,
-                               "num_push_sites": 0, "num_gathers_pushed": 0, "num_gloo": 1}
+                               "num_push_sites": 0, "num_sites_pushed": 0, "num_gathers_pushed": 0, "num_gloo": 1}
     everyone = [torch.arange(6, dtype=torch.float32).reshape(2, 3) + 10 * r for r in range(world)]
     assert torch.equal(comm.all_gather(x, dim=-1), torch.cat(everyone, dim=-1))
     assert torch.equal(comm.all_gather(x, dim=0), torch.cat(everyone, dim=0))

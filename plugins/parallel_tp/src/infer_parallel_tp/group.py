@@ -64,7 +64,11 @@ def symm_mem_all_reduce_enabled(settings) -> bool:
 
 
 def push_layout_for(config, world_size: int):
-    """The push sites for the engine's model (``push_sites.PushLayout``), or None: pushes off, or nothing to push."""
+    """The push sites for the engine's model (``push_sites.PushLayout``), or None: pushes off, or nothing to push.
+
+    ``enable_pushed_partial_sums`` (with ``enable_symm_mem_all_reduce``): the strategy's ``prepare_model`` then
+    swaps in the pushing layers (``pushed_layers.py``), the mode (``pushed_partial_sums_mode``) saying who adds.
+    """
     settings = TPSettings.of(config.settings)
     if not (settings.enable_symm_mem_all_reduce and settings.enable_pushed_partial_sums):
         return None
@@ -115,7 +119,9 @@ def join_group(placement: RankPlacement, store: dist.Store, *, enable_symm_mem: 
             path = f"NCCL ({SYMM_MEM_SETTING}=False)"
         log = logger.info if placement.rank == 0 else logger.debug
         log("tensor-parallel all-reduce: %s", path)
-    communicator = DistributedCommunicator(placement.rank, placement.world_size, placement.backend, one_shot, path)
+    push_sites = one_shot.push_sites if one_shot is not None else None
+    communicator = DistributedCommunicator(placement.rank, placement.world_size, placement.backend, one_shot, path,
+                                           push_sites)
     return ParallelContext(placement.rank, placement.world_size, communicator)
 
 

@@ -1,31 +1,28 @@
-"""Where row-parallel layers push their partial sums: one site per layer in the symmetric buffer.
+"""Where the pushing layers push their partial sums: one site per layer in the symmetric buffer.
 
-The core's ``PushTarget`` (``infer_core.interfaces.parallel``) names, for one row-parallel layer, the
-slot its GEMV fills on every rank; ``layers/fused/pushed_sums.py`` has the kernels and the protocol
-(each 64-bit word of a slot carries 32 bits of values and the round of the push that wrote them).
-This module lays the sites out in the symmetric-memory buffer after the one-shot all-reduce's
-bytes, with the peers' addresses taken from the rendezvous, and after them the LM head's gather site
-(``all_gather_pushed``: its logits, rank r's slot holding rank r's vocabulary slice):
+A ``PushTarget`` (``push_target.py``) names, for one layer, the slot its kernel fills on every rank;
+``pushed_sums.py`` has the kernels and the protocol (each 64-bit word of a slot carries 32 bits of values
+and the round of the push that wrote them). This module lays the sites out in the symmetric-memory buffer
+after the one-shot all-reduce's bytes, with the peers' addresses taken from the rendezvous, and after them
+the LM head's gather site (``all_gather_pushed``: its logits, rank r's slot holding rank r's vocabulary slice):
 
     slots         int64 [sites, world, max_rows, n / values a word]    slot [s, r]: rank r's partial sums of site s
     gather_slots  int64 [world, max_rows, gather_n / values a word]
 
-Every rank assigns sites in the order its layers first ask (the same forward on every rank, so the
-same order), and builds every site's address tables at start, eagerly: a graph capture cannot copy
-them to the device. Slots start at zero (round 0) on every rank before any rank may push (a barrier).
+Sites are handed out by ``take`` in the order the strategy's ``prepare_model`` walks the model's modules
+(the same model on every rank, so the same order), and every site's address tables are built at start,
+eagerly: a graph capture cannot copy them to the device. Slots start at zero (round 0) on every rank
+before any rank may push (a barrier).
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from infer_core.interfaces import PushTarget
-from infer_core.layers.partial_sums import WORD_DTYPE, values_per_word
 
-logger = logging.getLogger(__name__)
+from infer_parallel_tp.push_target import PUSH_MODES, WORD_DTYPE, PushTarget, values_per_word
 
 PUSH_DTYPES = (torch.bfloat16, torch.float16)  # what the decode GEMV runs in
 MAX_ROWS = 8  # the GEMV's most rows (infer_core.layers.fused.gemv.MAX_ROWS; that module imports triton)
@@ -48,6 +45,12 @@ class PushLayout:
     max_rows: int = MAX_ROWS
     mode: str = "gemv"  # PushTarget.mode: who adds the pushed values (the pushed_partial_sums_mode setting)
     gather_n: int = 0  # the LM head's logits a rank holds (its vocabulary rows)
+
+    def __post_init__(self) -> None:
+        if self.mode not in PUSH_MODES:
+            dropped = " (mode fused, the slowest, was dropped)" if self.mode == "fused" else ""
+            raise ValueError(f"pushed_partial_sums_mode={self.mode!r} is not one of {', '.join(PUSH_MODES)}"
+                             f"{dropped}: use gemv, the default")
 
     @property
     def words_per_row(self) -> int:
@@ -108,40 +111,26 @@ class PushSites:
                                        device=device)
             self.gather = PushTarget(rank, world, layout.dtype, layout.gather_n, gather_dest, gathers[rank],
                                      self.abort, layout.mode)
-        self._site_of: dict[str, int] = {}
-        self._full_noted = False
+        self.pushes = [0] * sites  # calls that pushed into each site (a captured call counts once, not per replay)
+        self.num_taken = 0  # sites handed out by take()
 
     def zeroed_everywhere(self) -> None:
         """Collective: once every rank zeroed its slots (here, on the device), any may push."""
         torch.cuda.current_stream(self.slots.device).synchronize()
         dist.barrier()
 
-    def target(self, site: str, num_rows: int, n: int, dtype: torch.dtype) -> PushTarget | None:
-        """The site of layer ``site`` (assigned on its first call), or None where it does not fit."""
-        layout = self.layout
-        if dtype != layout.dtype or n != layout.hidden_size or not 0 < num_rows <= layout.max_rows:
+    def take(self) -> tuple[int, PushTarget] | None:
+        """The next free site and its target, or None once every site is taken (the layer then all-reduces)."""
+        if self.num_taken == len(self._targets):
             return None
-        index = self._site_of.get(site)  # the rank's forward runs on one thread: no lock
-        if index is None:
-            if len(self._site_of) == layout.num_sites:
-                if not self._full_noted:
-                    self._full_noted = True
-                    logger.info("all %d push sites are taken; %s all-reduces instead", layout.num_sites, site)
-                return None
-            index = self._site_of[site] = len(self._site_of)
-        return self._targets[index]
-
-    def gather_target(self, num_rows: int, n: int, dtype: torch.dtype) -> PushTarget | None:
-        """The LM head's gather site, or None where its logits do not fit it."""
-        target = self.gather
-        if target is None or dtype != target.dtype or n != target.n or not 0 < num_rows <= target.max_rows:
-            return None
-        return target
+        site = self.num_taken
+        self.num_taken += 1
+        return site, self._targets[site]
 
     @property
-    def num_taken(self) -> int:
-        """Sites assigned so far (the embedding's and each row-parallel layer's that pushed)."""
-        return len(self._site_of)
+    def num_sites_pushed(self) -> int:
+        """Sites into which at least one push was made."""
+        return sum(1 for count in self.pushes if count)
 
     def rescue_after_peer_death(self) -> None:
         """Let every wait for a peer's push through (the results are garbage: the engine is dead).

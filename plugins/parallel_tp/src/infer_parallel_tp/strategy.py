@@ -2,7 +2,8 @@
 
 The layers shard themselves by the ParallelContext each rank gets (column-parallel qkv and
 gate_up, row-parallel o_proj and down_proj, vocabulary-parallel embedding and LM head); this
-strategy checks the model splits evenly and starts the ranks.
+strategy checks the model splits evenly, starts the ranks and, where the group set up push sites
+(``enable_pushed_partial_sums``), swaps in the layers that push their partial sums (``pushed_layers.py``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from infer_core.interfaces import ParallelStrategy, RuntimeContext
+from infer_core.interfaces import ParallelContext, ParallelStrategy, RuntimeContext
 
 
 def split_problems(ctx: RuntimeContext, world_size: int) -> list[str]:
@@ -62,3 +63,17 @@ class TensorParallelStrategy(ParallelStrategy):
         from infer_parallel_tp.executor import TensorParallelExecutor
 
         return TensorParallelExecutor(engine_config, self.world_size)
+
+    def prepare_model(self, model: Any, parallel: ParallelContext) -> None:
+        """Where the group set up push sites, replace the embedding and the row-parallel layers that can push
+        with pushing ones (``pushed_layers.push_layers``: the same parameters, a site each, in module order);
+        else leave the model as built."""
+        from infer_parallel_tp.communicator import DistributedCommunicator
+
+        communicator = parallel.communicator
+        sites = communicator.push_sites if isinstance(communicator, DistributedCommunicator) else None
+        if sites is None:
+            return
+        from infer_parallel_tp.pushed_layers import push_layers
+
+        push_layers(model, sites)

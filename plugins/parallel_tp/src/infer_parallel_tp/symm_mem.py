@@ -2,10 +2,10 @@
 
 A batch-1 decode step of a 36-layer model all-reduces one token's hidden vector 72 times (o_proj,
 down_proj). Here each rank copies its partial sum into a buffer every peer has mapped, and one
-kernel loads every rank's buffer over NVLink and adds them. On two H200s that is 7.79 us a call
-in a CUDA graph against NCCL's 7.96 (25.4 against 44.0 eagerly): little inside graphs, and a
-worker's death mid-step hangs it (see ``rescue_after_peer_death``), hence off by default.
-What ``torch.distributed._symmetric_memory`` needs (read in torch 2.11-2.13's source):
+kernel loads every rank's buffer over NVLink and adds them: a little faster than NCCL inside CUDA
+graphs (``bench_all_reduce``), and a worker's death mid-step can hang it (see
+``rescue_after_peer_death``), hence off by default. The same buffer holds the push sites
+(``push_sites.py``). What ``torch.distributed._symmetric_memory`` needs (read in torch 2.11-2.13's source):
 
 - A persistent buffer, allocated with ``_SymmetricMemory.empty_strided_p2p`` (not ``symm_mem.empty``:
   its memory pool may hand a later engine the same block, whose cached rendezvous would still point
@@ -273,16 +273,12 @@ class OneShotAllReduce:
     def rescue_after_peer_death(self, dead: list[int]) -> None:
         """Let this rank's waiting kernels pass the barriers of ``dead`` ranks until the device has drained.
 
-        Not yet shown to work: on two H200s a worker killed mid-generation left rank 0 waiting (no error
-        within 120 s; ``test_worker_killed_during_a_step_on_cuda[one-shot]``), the rescuer itself blocked
-        in its stream's synchronize behind a ``fill_`` kernel (likely with no SM free for it). The flags are now
-        written by copies from pinned memory (copy engines, no SM); that has not run on a GPU yet.
-
-        The results are garbage (the engine is dead); what matters is that nothing waits on the
-        device forever (a sync, freeing memory). The rescuer writes the flags every millisecond from
-        a side stream until the device's default stream (the runner's) has run through what was
-        launched, at least RESCUE_MIN_SECONDS and at most RESCUE_SECONDS. Its thread holds this
-        object until it ends, so the mapped pads outlive the writes, and frees it then.
+        The results are garbage (the engine is dead); what matters is that nothing waits on the device forever
+        (a sync, freeing memory). The rescuer writes the flags every millisecond from a side stream, by copies
+        from pinned memory (copy engines: a ``fill_`` kernel could find no SM free while the waiting kernels hold
+        them), until the device's default stream (the runner's) has run through what was launched, at least
+        RESCUE_MIN_SECONDS and at most RESCUE_SECONDS. Its thread holds this object until it ends, so the mapped
+        pads outlive the writes, and frees it then (``test_worker_killed_during_a_step_on_cuda[one-shot]``).
         """
         if self._rescuer is not None or not dead:
             return
@@ -302,10 +298,8 @@ class OneShotAllReduce:
             with torch.cuda.device(device):
                 pads = [self.handle.get_signal_pad(r, [blocks, self.world_size], torch.int32)
                         for r in range(self.world_size)]
-                # One flag at a time from pinned host memory: a copy engine writes it (cudaMemcpyAsync of one
-                # contiguous element), not a kernel. On two H200s the stream synchronize below waited forever
-                # on a fill_ kernel here; the likely cause (not proven) is that no SM was free for it while
-                # the waiting one-shot blocks and the kernels queued behind them held the device.
+                # one flag at a time from pinned host memory: a copy engine writes it (cudaMemcpyAsync of one
+                # contiguous element), not a kernel, which might find no SM free while the waiting blocks hold them
                 writes = [(flags[b:b + 1], torch.full((1,), value, dtype=flags.dtype).pin_memory())
                           for flags, value in rescue_views(pads, self.rank, dead) for b in range(flags.shape[0])]
                 stream = torch.cuda.Stream(device)
