@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from infer_core.config import ModelSource
+from infer_core.models.source import ModelSource
 from infer_core.errors import ModelError
 
 logger = logging.getLogger(__name__)

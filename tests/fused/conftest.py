@@ -1,7 +1,8 @@
 """Without CUDA the fused kernels run in Triton's interpreter: set it before any kernel module is imported.
 
-Only the kernel modules (``infer_core.layers.fused.<op>``) read it, and no other core test runs a
-Triton kernel on the CPU, so setting it for the whole process changes nothing else.
+Only the kernel modules (``infer_core.layers.fused.<op>``) read it, and layers built on the CPU keep
+running their torch code under it (``fused.TRITON_DEVICES``), so setting it for the whole process changes
+nothing else. A test that runs the kernels through the layers takes the ``triton_on_cpu`` fixture.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import os
 
 import pytest
 import torch
+
+from infer_core.layers import fused
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -23,6 +26,14 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 @pytest.fixture
 def device() -> str:
     return DEVICE
+
+
+@pytest.fixture
+def triton_on_cpu(monkeypatch):
+    """Layers (and models) built during the test on the CPU run our Triton kernels, in the interpreter."""
+    if not INTERPRETED:
+        pytest.skip("Triton kernels on CPU tensors need TRITON_INTERPRET=1 (conftest sets it without CUDA)")
+    monkeypatch.setattr(fused, "TRITON_DEVICES", ("cuda", "cpu"))
 
 
 def ulp_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

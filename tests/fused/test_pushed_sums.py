@@ -19,7 +19,6 @@ import torch
 from infer_core.builtin.quant_none import UnquantizedLinearMethod
 from infer_core.interfaces import Communicator, ParallelContext
 from infer_core.layers.fused.gemv import GemvConfig, gemv, gemv_push
-from infer_core.layers.fused.gemv_fusion import NormLinear
 from infer_core.layers.fused.norm_gemv import rms_norm_gemv
 from infer_core.layers.fused.pushed_sums import all_gather_pushed, all_reduce_pushed, lookup_all_reduce, sum_pushed
 from infer_core.layers.linear import MergedColumnParallelLinear, RowParallelLinear
@@ -308,6 +307,8 @@ class _PushingRank(Communicator):
 
 def test_row_parallel_layer_pushes_and_the_norm_linear_after_it_adds(device, assert_close_to_reference):
     """RowParallelLinear(defer_reduce=True) -> NormLinear: the layers' path, ranks simulated in one process."""
+    from infer_core.layers.fused.gemv_fusion import NormLinear  # left the core; this path moves with the tp plugin
+
     world, num_rows, dtype = 2, 1, torch.bfloat16  # the GEMV runs in half precision only
     hidden, intermediate = N, 2 * K_IN
     targets = local_push_targets(world, MAX_ROWS, hidden, dtype, device)
