@@ -70,8 +70,10 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm residual block: ``h = x + attn(norm(x))``, ``out = h + mlp(norm(h))``.
 
-    Each norm feeds the first projection of its sublayer, which computes it (on the GPU at decode sizes in
-    the same launch as its GEMV): the projections are built with their norm (``input_norm``).
+    The residual stream travels beside the hidden state: each norm adds the two before normalising (so
+    ``(hidden, residual)`` out of a layer sum to its output). Each norm feeds the first projection of
+    its sublayer, built with it as ``input_norm``: the projection computes the norm, on the GPU at decode
+    sizes in the same launch as its GEMV.
     """
 
     def __init__(self, ctx: BuildContext, layer_idx: int, rotary: RotaryEmbedding, prefix: str) -> None:

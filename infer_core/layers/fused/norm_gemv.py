@@ -1,7 +1,7 @@
 """The decode GEMV with its neighbours in one launch: RMSNorm (+ residual add) before it, SiLU-and-mul after it.
 
 At 1-2 rows a decoder layer runs norm -> qkv GEMV and norm -> gate_up GEMV -> SiLU-and-mul, each a
-launch of a microsecond or two that reads a few KiB. Here one GEMV launch does all of it:
+short launch that reads a few KiB. Here one GEMV launch does all of it:
 
 - norm: x has K <= 16384 elements a row, so every program recomputes the row's sum of squares itself
   (x and the residual come from L2) before its K loop, and in the loop normalises the K chunk it
