@@ -11,7 +11,6 @@ kernel, F.linear.
 from __future__ import annotations
 
 import pytest
-import torch
 import torch.nn.functional as F
 
 from infer_core import LLM, SamplingParams
