@@ -8,6 +8,7 @@ so after every ``gpu`` test the cycles are collected and torch's cached blocks g
 from __future__ import annotations
 
 import gc
+import os
 
 import pytest
 
@@ -22,3 +23,17 @@ def _release_gpu_memory(request):
     if torch.cuda.is_available():
         gc.collect()
         torch.cuda.empty_cache()
+
+
+@pytest.fixture
+def triton_on_cpu(monkeypatch):
+    """Layers (and models) built during the test on the CPU run our Triton kernels, in Triton's interpreter.
+
+    The suite's conftest sets ``TRITON_INTERPRET=1`` without CUDA before any kernel module is imported;
+    ``infer_core.layers.fused.TRITON_DEVICES`` then takes the CPU for the layers this test builds.
+    """
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton kernels on CPU tensors need TRITON_INTERPRET=1 (set by the suite's conftest without CUDA)")
+    from infer_core.layers import fused
+
+    monkeypatch.setattr(fused, "TRITON_DEVICES", ("cuda", "cpu"))

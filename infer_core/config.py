@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from infer_core.interfaces import RuntimeContext
 from infer_core.models.config import ModelConfig
+from infer_core.models.source import ModelSource
 from infer_core.settings import EngineSettings
 
+__all__ = ["KINDS", "EngineConfig", "ModelSource"]
+
 KINDS = ("attention", "kv_allocator", "scheduler", "quantization", "parallel", "decoding")
-
-
-@dataclass(frozen=True, slots=True)
-class ModelSource:
-    """Where a model's files are: a folder (HF checkpoint) or a GGUF file, or only a config (dummy)."""
-
-    path: Path  # the folder holding config.json / tokenizer files, or the GGUF's folder
-    gguf_file: str | None = None  # file name inside ``path`` when the weights are a GGUF
-    name: str = ""  # what clients call the model (served name default)
-    is_default: bool = False
-
-    @property
-    def gguf_path(self) -> Path | None:
-        return self.path / self.gguf_file if self.gguf_file else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from benchmarks.gemv import CONFIGS, projections
-from infer_core.builtin.quant_none import UnquantizedLinearMethod
 from infer_core.interfaces import ParallelContext, SingleRankCommunicator
 from infer_core.layers.embedding import ParallelLMHead
 from infer_core.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from infer_core.layers.unquantized import UnquantizedLinearMethod
 from infer_core.models.config import load_model_config
 
 

@@ -59,7 +59,8 @@ class Engine:
 
     def __init__(self, spec: EngineSpec) -> None:
         self.spec = spec
-        self.tokenizer = load_tokenizer(spec.config)
+        self.tokenizer = load_tokenizer(spec.config.source, spec.config.settings.tokenizer,
+                                        spec.config.settings.chat_template)
         eos = set(spec.config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)  # the runner bans these too while min_tokens holds

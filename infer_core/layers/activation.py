@@ -10,19 +10,18 @@ from infer_core.layers import fused
 
 
 class SiluAndMul(nn.Module):
-    """``silu(gate) * up`` over ``[..., 2I]``: a Triton kernel on CUDA, the torch code below elsewhere."""
+    """``silu(gate) * up`` over ``[..., 2I]``: our Triton kernel where built for it, else the torch code below.
+
+    It has no tensors: the device it is built for is the default device when built (the runner builds the
+    model under ``torch.device``).
+    """
 
     def __init__(self) -> None:
         super().__init__()
-        self.impl = fused.SILU_AND_MUL
-        self.force_triton = False  # tests: the kernel on CPU tensors too (Triton's interpreter)
-
-    def uses_triton(self, x: torch.Tensor) -> bool:
-        """Whether ``forward`` runs the Triton kernel on ``x`` (else the torch code)."""
-        return self.impl is fused.FusedImpl.TRITON and (x.is_cuda or self.force_triton) and fused.triton_available()
+        self.triton = fused.runs_triton(fused.SILU_AND_MUL, torch.get_default_device())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.uses_triton(x):
+        if self.triton:
             from infer_core.layers.fused.silu_and_mul import silu_and_mul
 
             return silu_and_mul(x)

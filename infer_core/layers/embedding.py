@@ -12,7 +12,7 @@ from torch import nn
 
 from infer_core.interfaces import ParallelContext
 from infer_core.layers import fused
-from infer_core.layers.fused.dense import dense_linear
+from infer_core.layers.fused.dense import GEMV_DTYPES, dense_linear
 
 PAD_MULTIPLE = 64
 
@@ -60,11 +60,12 @@ class ParallelLMHead(VocabParallelEmbedding):
         super().__init__(vocab_size, hidden_size, parallel=parallel, dtype=dtype)
         if tied_to is not None:
             self.weight = tied_to.weight
+        self.gemv = self.weight.dtype in GEMV_DTYPES and fused.runs_triton(fused.GEMV, self.weight.device)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        # the dense layers' matmul (Triton GEMV at decode sizes, 1.07-1.11x cuBLAS here on an H100); this
-        # rank's vocabulary slice, tied to the embedding or not
-        logits = dense_linear(hidden, self.weight, None, fused.GEMV)
+        # the dense layers' matmul (our GEMV at decode sizes where built for it); this rank's vocabulary
+        # slice, tied to the embedding or not
+        logits = dense_linear(hidden, self.weight, None, self.gemv)
         if self.parallel.world_size > 1:
             logits = self.parallel.communicator.all_gather(logits, dim=-1)
         return logits[..., : self.vocab_size]

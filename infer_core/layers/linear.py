@@ -3,6 +3,10 @@
 Every layer here works for any world size: with one rank the split is the identity. Weights are
 loaded from full (unsharded, unfused) checkpoint tensors: each layer narrows out its rank's part
 and places fused shards (q/k/v, gate/up) at their offsets.
+
+A replicated or column-parallel layer may be built with the RMSNorm that feeds it (``input_norm``) and
+the activation that follows it (``act``, SiLU-and-mul on gate_up): it then computes both, at decode sizes
+in one launch with its GEMV where it was built for that (``fused/gemv_fusion.py``).
 """
 
 from __future__ import annotations
@@ -11,6 +15,9 @@ import torch
 from torch import nn
 
 from infer_core.interfaces import LinearMethod, ParallelContext
+from infer_core.layers.activation import SiluAndMul
+from infer_core.layers.fused.gemv_fusion import decode_sized, fuses_input_norm, norm_gemv
+from infer_core.layers.norm import NormedInput, RMSNorm
 
 
 def _divide(numerator: int, denominator: int, what: str) -> int:
@@ -20,7 +27,12 @@ def _divide(numerator: int, denominator: int, what: str) -> int:
 
 
 class LinearBase(nn.Module):
-    """Owns the LinearMethod; subclasses decide the partition and how checkpoint tensors map."""
+    """Owns the LinearMethod; subclasses decide the partition and how checkpoint tensors map.
+
+    ``input_norm``: the norm whose output is this layer's input (a ``ResidualRMSNorm`` hands it on not
+    computed yet, as a ``NormedInput``); the method learns it when it creates the weights (the dense GEMV
+    takes the tiles it has fused with the norm). ``act``: applied to the output, which is ``[gate; up]``.
+    """
 
     def __init__(
         self,
@@ -32,13 +44,22 @@ class LinearBase(nn.Module):
         parallel: ParallelContext,
         dtype: torch.dtype,
         prefix: str,
+        input_norm: RMSNorm | None = None,
+        act: SiluAndMul | None = None,
     ) -> None:
         super().__init__()
+        if (input_norm is not None or act is not None) and type(self).forward is not LinearBase.forward:
+            raise ValueError(f"{type(self).__name__} does more than method.apply (row-parallel all-reduce?): only a "
+                             "replicated or column-parallel layer takes the norm before it or an activation")
+        if act is not None and (len(output_sizes) != 2 or output_sizes[0] != output_sizes[1]):
+            raise ValueError(f"SiLU-and-mul needs [gate; up] halves of one size, got {output_sizes}")
         self.method = method
         self.parallel = parallel
         self.prefix = prefix
         self.input_size = input_size  # this rank's input features
         self.output_sizes = output_sizes  # this rank's rows of each fused shard
+        self.after_rms_norm = input_norm is not None
+        self.act = act
         method.create_weights(self, input_size, output_sizes, dtype)
         for param in self.parameters(recurse=False):
             param.weight_loader = self.weight_loader
@@ -49,6 +70,7 @@ class LinearBase(nn.Module):
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
+        self.fuses_input_norm = input_norm is not None and fuses_input_norm(input_norm, self)
 
     def shard_offset(self, shard_id: int | str | None) -> int | None:
         """Where a fused shard starts in this rank's output rows (None: not fused)."""
@@ -91,8 +113,14 @@ class LinearBase(nn.Module):
         offset = self.shard_offset(shard_id) if getattr(param, "output_dim", None) is not None else None
         self.method.load_weight(self, param, part.to(param.dtype), offset)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.method.apply(self, x, self.bias)
+    def forward(self, x: torch.Tensor | NormedInput) -> torch.Tensor:
+        """``act(x @ W^T + b)``; x may be the input norm not computed yet, computed here."""
+        if isinstance(x, NormedInput):
+            if self.fuses_input_norm and decode_sized(x):
+                return norm_gemv(x, self)
+            x = x.materialize()
+        out = self.method.apply(self, x, self.bias)
+        return out if self.act is None else self.act(out)
 
 
 class ReplicatedLinear(LinearBase):

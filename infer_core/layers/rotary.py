@@ -7,12 +7,23 @@ step gathers rows by position id, so chunked prefill and decode need no special 
 from __future__ import annotations
 
 import math
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from infer_core.layers import fused
-from infer_core.models.config import RopeConfig
+
+
+class RopeParameters(Protocol):
+    """The rope parameters the layer reads (``infer_core.models.config.RopeConfig`` is one)."""
+
+    theta: float
+    rope_type: str
+    partial_rotary_factor: float
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A type-specific scaling parameter (factor, original_max_position_embeddings, ...)."""
 
 
 def _default_inv_freq(theta: float, rot_dim: int) -> torch.Tensor:
@@ -20,7 +31,7 @@ def _default_inv_freq(theta: float, rot_dim: int) -> torch.Tensor:
     return 1.0 / (theta**exponents)
 
 
-def _llama3_inv_freq(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
+def _llama3_inv_freq(inv_freq: torch.Tensor, rope: RopeParameters) -> torch.Tensor:
     factor = rope.get("factor")
     low_freq_factor = rope.get("low_freq_factor")
     high_freq_factor = rope.get("high_freq_factor")
@@ -35,7 +46,7 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
-def _yarn_inv_freq(theta: float, rot_dim: int, rope: RopeConfig, max_position: int) -> tuple[torch.Tensor, float]:
+def _yarn_inv_freq(theta: float, rot_dim: int, rope: RopeParameters, max_position: int) -> tuple[torch.Tensor, float]:
     factor = rope.get("factor")
     original = rope.get("original_max_position_embeddings") or max_position
     beta_fast = rope.get("beta_fast") or 32
@@ -69,7 +80,7 @@ def _yarn_inv_freq(theta: float, rot_dim: int, rope: RopeConfig, max_position: i
     return inv_freq, float(attention_factor)
 
 
-def compute_inv_freq(rope: RopeConfig, rot_dim: int, max_position: int) -> tuple[torch.Tensor, float]:
+def compute_inv_freq(rope: RopeParameters, rot_dim: int, max_position: int) -> tuple[torch.Tensor, float]:
     """(inverse frequencies [rot_dim/2], scale applied to cos and sin)."""
     if rope.rope_type == "yarn":
         return _yarn_inv_freq(rope.theta, rot_dim, rope, max_position)
@@ -82,7 +93,7 @@ def compute_inv_freq(rope: RopeConfig, rot_dim: int, max_position: int) -> tuple
 
 
 class RotaryEmbedding(nn.Module):
-    def __init__(self, head_dim: int, rope: RopeConfig, max_position: int, model_max_position: int) -> None:
+    def __init__(self, head_dim: int, rope: RopeParameters, max_position: int, model_max_position: int) -> None:
         super().__init__()
         self.head_dim = head_dim
         self.rot_dim = int(head_dim * rope.partial_rotary_factor)
@@ -90,7 +101,7 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
         cache = torch.cat([freqs.cos() * scale, freqs.sin() * scale], dim=-1)
         self.register_buffer("cos_sin_cache", cache, persistent=False)  # [max_position, rot_dim]
-        self.impl = fused.ROTARY
+        self.triton = fused.runs_triton(fused.ROTARY, cache.device)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         rot, rest = x[..., : self.rot_dim], x[..., self.rot_dim :]
@@ -101,10 +112,10 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q [T, Hq, D], k [T, Hk, D] rotated by the position of each of the T tokens.
 
-        On CUDA q and k are rotated in place (one Triton launch; views into the qkv buffer are
-        written where they lie) and returned; elsewhere new tensors are returned.
+        Built for our kernels, q and k are rotated in place (one Triton launch; views into the qkv
+        buffer are written where they lie) and returned; elsewhere new tensors are returned.
         """
-        if fused.use_triton(self.impl, q) and q.dim() == 3 and k.dim() == 3 and q.dtype == k.dtype:
+        if self.triton and q.dim() == 3 and k.dim() == 3 and q.dtype == k.dtype:
             from infer_core.layers.fused.rotary import rotary_inplace
 
             return rotary_inplace(positions, q, k, self.cos_sin_cache, self.rot_dim)

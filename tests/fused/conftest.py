@@ -1,7 +1,8 @@
 """Without CUDA the fused kernels run in Triton's interpreter: set it before any kernel module is imported.
 
-Only the kernel modules (``infer_core.layers.fused.<op>``) read it, and no other core test runs a
-Triton kernel on the CPU, so setting it for the whole process changes nothing else.
+Only the kernel modules (``infer_core.layers.fused.<op>``) read it, and layers built on the CPU keep
+running their torch code under it (``fused.TRITON_DEVICES``), so setting it for the whole process changes
+nothing else. A test that runs the kernels through the layers takes the ``triton_on_cpu`` fixture.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 
 import pytest
 import torch
+
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -108,9 +108,9 @@ def test_another_layout_keeps_its_own_write():
 
     backend = OtherLayout(make_ctx("cpu", torch.float32))
     assert backend.standard_kv_slot_mapping(make_step("cpu", torch.float32)[0]) is None
-def test_qwen3_stores_kv_in_the_fused_op_and_the_backend_skips_its_write(tiny_checkpoint, monkeypatch):
-    """The tiny Qwen3 on the CPU with the fused q/k-norm + rotary forced on (interpreted): the torch
-    backend's own KV write never runs, and the logits equal (torch.equal) those of the same model whose
+def test_qwen3_stores_kv_in_the_fused_op_and_the_backend_skips_its_write(tiny_checkpoint, monkeypatch, triton_on_cpu):
+    """The tiny Qwen3 built on the CPU for our kernels (interpreted), so with the fused q/k-norm + rotary: the
+    torch backend's own KV write never runs, and the logits equal (torch.equal) those of the same model whose
     backend keeps the write (``standard_kv_slot_mapping`` None, as a backend of another layout)."""
     from infer_core import LLM, SamplingParams
     from infer_core.builtin import attention_torch
@@ -122,8 +122,7 @@ def test_qwen3_stores_kv_in_the_fused_op_and_the_backend_skips_its_write(tiny_ch
     # no prefix cache: the second run must compute what the first did, not read it
     llm = LLM(str(tiny_checkpoint("qwen3")), device="cpu", dtype="float32", block_size=16, enable_prefix_caching=False)
     runner = llm.engine.executor.worker.runner
-    for layer in runner.model.model.layers:
-        layer.self_attn.force_fused_qk_norm_rope = True
+    assert all(layer.self_attn.attn.fused_qk_norm_rope for layer in runner.model.model.layers)
     prompts = [[5, 9, 13, 200, 31], torch.randint(3, 384, (19,), generator=torch.Generator().manual_seed(0)).tolist()]
 
     def run():

@@ -7,7 +7,6 @@ to their dtype (the kernel rounds once, after the bias; the interpreter truncate
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 import pytest
@@ -16,12 +15,12 @@ import torch.nn.functional as F
 import triton
 from torch import nn
 
-from infer_core.builtin.quant_none import UnquantizedLinearMethod
 from infer_core.interfaces import ParallelContext
 from infer_core.layers import fused
 from infer_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from infer_core.layers.fused.dense import GEMV_MAX_ROWS, dense_linear, use_gemv
 from infer_core.layers.fused.gemv import LARGE_K, MAX_ROWS, GemvConfig, choose_config, gemv, prefetch_lines
+from infer_core.layers.unquantized import UnquantizedLinearMethod
 
 # tails everywhere: N=37 leaves 5 of 16 (and 1 of 4) columns, K=45 leaves 13 of 16 and is no power of two
 N, K = 37, 45
@@ -167,18 +166,17 @@ def test_dispatch_limit_is_within_the_kernel():
 
 
 def test_linear_method_runs_f_linear_on_the_cpu():
-    """The dispatch is on CUDA tensors only: on the CPU ``apply`` is F.linear bit for bit, GEMV on or off."""
+    """Built on the CPU the method never runs the GEMV: ``apply`` is F.linear bit for bit, at every row count."""
     layer = nn.Module()
     method = UnquantizedLinearMethod()
-    assert method.impl is fused.GEMV
     method.create_weights(layer, K, [N], torch.bfloat16)
+    assert not method.gemv
     layer.weight.data.copy_(torch.randn(N, K))
-    x, bias = torch.randn(1, K).to(torch.bfloat16), torch.randn(N).to(torch.bfloat16)
-    for impl in fused.FusedImpl:
-        method.impl = impl
-        assert not use_gemv(impl, x, layer.weight)
+    bias = torch.randn(N).to(torch.bfloat16)
+    for num_rows in (1, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1):
+        x = torch.randn(num_rows, K).to(torch.bfloat16)
         assert torch.equal(method.apply(layer, x, bias), F.linear(x, layer.weight, bias))
-        assert torch.equal(dense_linear(x, layer.weight, None, impl), F.linear(x, layer.weight))
+        assert torch.equal(dense_linear(x, layer.weight, None, False), F.linear(x, layer.weight))
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -210,18 +208,23 @@ def test_after_rms_norm_tiles_run_at_the_norms_warps(device, assert_close_to_ref
     assert_close_to_reference(y, reference(x, w, b).to(torch.bfloat16), ulps=1)
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="kernels on CPU tensors need the interpreter")
-def test_forced_gemv_on_the_cpu():
-    """force_triton (tests of the fused decode path) runs the kernel on CPU tensors: up to GEMV_MAX_ROWS rows."""
+def test_gemv_on_the_cpu_where_built_for_it(triton_on_cpu):
+    """Built for our kernels on the CPU (the interpreter; tests of the fused decode path) the method runs the GEMV
+    up to GEMV_MAX_ROWS rows, with the tiles of a GEMV after a norm where its layer's input is one."""
     layer = nn.Module()
     method = UnquantizedLinearMethod()
     method.create_weights(layer, K, [N], torch.bfloat16)
     layer.weight.data.copy_(torch.randn(N, K))
     x = torch.randn(GEMV_MAX_ROWS + 1, K).to(torch.bfloat16)
-    assert not method.uses_gemv(layer, x[:1])
-    method.force_triton = True
-    assert method.uses_gemv(layer, x[:GEMV_MAX_ROWS]) and not method.uses_gemv(layer, x)
+    assert method.gemv and not method.after_rms_norm
+    assert use_gemv(x[:GEMV_MAX_ROWS], layer.weight) and not use_gemv(x, layer.weight)
+    assert not use_gemv(x[:1].float(), layer.weight)  # a dtype the kernel is not used for
     assert torch.equal(method.apply(layer, x[:1], None), gemv(x[:1], layer.weight))
-    method.after_rms_norm = True
-    assert torch.equal(method.apply(layer, x[:2], None), gemv(x[:2], layer.weight, after_rms_norm=True))
     assert torch.equal(method.apply(layer, x, None), F.linear(x, layer.weight))
+    after_norm = nn.Module()
+    after_norm.after_rms_norm = True
+    normed_method = UnquantizedLinearMethod()
+    normed_method.create_weights(after_norm, K, [N], torch.bfloat16)
+    after_norm.weight.data.copy_(layer.weight)
+    assert normed_method.after_rms_norm and not normed_method.before_silu
+    assert torch.equal(normed_method.apply(after_norm, x[:2], None), gemv(x[:2], layer.weight, after_rms_norm=True))

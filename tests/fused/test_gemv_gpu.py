@@ -11,13 +11,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from infer_core.builtin.quant_none import UnquantizedLinearMethod
 from infer_core.interfaces import ParallelContext
 from infer_core.layers import fused
 from infer_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from infer_core.layers.fused import use_pdl
 from infer_core.layers.fused.dense import GEMV_MAX_ROWS, use_gemv
 from infer_core.layers.fused.gemv import MAX_ROWS, GemvConfig, choose_config, gemv, num_sms
+from infer_core.layers.unquantized import UnquantizedLinearMethod
 
 pytestmark = pytest.mark.gpu
 
@@ -141,28 +141,35 @@ def test_l2_prefetch_changes_no_bit(num_rows):
     assert all(torch.equal(got, want) for got, want in zip(static_out, without))
 
 
-def test_linear_method_dispatch():
-    """GEMV up to GEMV_MAX_ROWS flattened rows (where it measured faster), F.linear beyond and when off."""
-    n, k = 6144, 1024
-    layer = nn.Module()
-    method = UnquantizedLinearMethod()
-    assert method.impl is fused.FusedImpl.TRITON  # the default
-    method.create_weights(layer, k, [n], torch.bfloat16)
-    w, b = weights(n, k)
+def dense_method(n: int, k: int, w: torch.Tensor) -> tuple[nn.Module, UnquantizedLinearMethod]:
+    """A layer's dense method built on the GPU (where it picks the GEMV), holding ``w``."""
+    layer, method = nn.Module(), UnquantizedLinearMethod()
+    with torch.device("cuda"):
+        method.create_weights(layer, k, [n], torch.bfloat16)
     layer.weight.data = w
+    return layer, method
+
+
+def test_linear_method_dispatch(monkeypatch):
+    """GEMV up to GEMV_MAX_ROWS flattened rows (where it measured faster), F.linear beyond and when built without."""
+    n, k = 6144, 1024
+    w, b = weights(n, k)
+    layer, method = dense_method(n, k, w)
+    assert method.gemv  # the default, built on CUDA
     for num_rows in range(1, GEMV_MAX_ROWS + 1):
         x = rows(num_rows, k, seed=num_rows)
-        assert use_gemv(method.impl, x, layer.weight)
+        assert use_gemv(x, layer.weight)
         assert torch.equal(method.apply(layer, x, b), gemv(x, w, b))
         assert torch.equal(method.apply(layer, x[None], b), gemv(x[None], w, b))  # leading dims are rows too
     x = rows(GEMV_MAX_ROWS + 1, k)
     for beyond in (x, x.reshape(1, *x.shape), rows(GEMV_MAX_ROWS, k).expand(2, -1, -1)):  # rows over leading dims
-        assert not use_gemv(method.impl, beyond, layer.weight)
+        assert not use_gemv(beyond, layer.weight)
         assert torch.equal(method.apply(layer, beyond, b), F.linear(beyond, w, b))
-    assert not use_gemv(method.impl, rows(1, k).float(), layer.weight)  # a dtype the kernel is not used for
-    method.impl = fused.FusedImpl.TORCH
+    assert not use_gemv(rows(1, k).float(), layer.weight)  # a dtype the kernel is not used for
+    monkeypatch.setattr(fused, "GEMV", fused.FusedImpl.TORCH)  # read when the method is built
+    layer, method = dense_method(n, k, w)
+    assert not method.gemv
     x = rows(1, k)
-    assert not use_gemv(method.impl, x, layer.weight)
     assert torch.equal(method.apply(layer, x, b), F.linear(x, w, b))
 
 
@@ -171,9 +178,11 @@ def test_lm_head_dispatch(tied):
     """The LM head (Qwen3-0.6B's vocabulary) runs the GEMV at decode sizes, tied to the embedding or not."""
     vocab, hidden_size = 151936, 1024
     parallel = ParallelContext.single()
-    embed = VocabParallelEmbedding(vocab, hidden_size, parallel=parallel, dtype=torch.bfloat16).cuda()
-    head = ParallelLMHead(vocab, hidden_size, parallel=parallel, dtype=torch.bfloat16,
-                          tied_to=embed if tied else None).cuda()
+    with torch.device("cuda"):  # built where it runs: the GEMV is chosen then
+        embed = VocabParallelEmbedding(vocab, hidden_size, parallel=parallel, dtype=torch.bfloat16)
+        head = ParallelLMHead(vocab, hidden_size, parallel=parallel, dtype=torch.bfloat16,
+                              tied_to=embed if tied else None)
+    assert head.gemv
     w, _ = weights(vocab, hidden_size)
     head.weight.data.copy_(w)
     assert (head.weight is embed.weight) == tied

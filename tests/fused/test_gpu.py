@@ -24,13 +24,16 @@ TOKENS = [1, 7, 256, 2048, 16411]  # 16411: past 16k, and no multiple of any blo
 
 
 def make_layers(model: str, dtype: torch.dtype, impl: fused.FusedImpl):
+    """(norm, rotary, act) built on the GPU with their ops set to ``impl`` (read when a layer is built)."""
     hidden, _, _, head_dim, _ = SHAPES[model]
-    norm = RMSNorm(hidden, 1e-6, dtype=dtype).cuda()
+    with pytest.MonkeyPatch.context() as patch, torch.device("cuda"):
+        for op in ("RMS_NORM", "ROTARY", "SILU_AND_MUL"):
+            patch.setattr(fused, op, impl)
+        norm = RMSNorm(hidden, 1e-6, dtype=dtype)
+        rotary = RotaryEmbedding(head_dim, RopeConfig(theta=1e6), 40960, 40960)
+        act = SiluAndMul()
+    assert norm.triton == rotary.triton == act.triton == (impl is fused.FusedImpl.TRITON)
     norm.weight.data = torch.randn(hidden, device="cuda").to(dtype)
-    rotary = RotaryEmbedding(head_dim, RopeConfig(theta=1e6), 40960, 40960).cuda()
-    act = SiluAndMul()
-    for layer in (norm, rotary, act):
-        layer.impl = impl
     return norm, rotary, act
 
 
@@ -78,7 +81,9 @@ def test_other_dtypes_and_qk_norm(dtype, assert_close_to_reference):
     ref_out, ref_summed = norm.forward_torch(x, residual)
     assert torch.equal(summed, ref_summed)
     assert_close_to_reference(out, ref_out, ulps=2, fp32_tol=1e-5)
-    q_norm = RMSNorm(head_dim, 1e-6, dtype=dtype).cuda()
+    with torch.device("cuda"):  # built where it runs: it takes the kernel
+        q_norm = RMSNorm(head_dim, 1e-6, dtype=dtype)
+    assert q_norm.triton
     q_norm.weight.data = torch.randn(head_dim, device="cuda").to(dtype)
     qkv = torch.randn(num_tokens, (heads + 2 * kv_heads) * head_dim, device="cuda").to(dtype)
     q, k = qkv_views(qkv, heads, kv_heads, head_dim)
@@ -149,11 +154,12 @@ def test_kernels_replay_in_a_cuda_graph(assert_close_to_reference):
 
 def make_qk_layers(head_dim: int, dtype: torch.dtype):
     norms = []
-    for _ in range(2):
-        norm = RMSNorm(head_dim, 1e-6, dtype=dtype).cuda()
-        norm.weight.data = torch.randn(head_dim, device="cuda").to(dtype)
-        norms.append(norm)
-    return norms[0], norms[1], RotaryEmbedding(head_dim, RopeConfig(theta=1e6), 40960, 40960).cuda()
+    with torch.device("cuda"):
+        for _ in range(2):
+            norm = RMSNorm(head_dim, 1e-6, dtype=dtype)
+            norm.weight.data = torch.randn(head_dim).to(dtype)
+            norms.append(norm)
+        return norms[0], norms[1], RotaryEmbedding(head_dim, RopeConfig(theta=1e6), 40960, 40960)
 
 
 def qk_reference(q_norm, k_norm, rotary, positions, q, k):
@@ -221,6 +227,7 @@ def _qwen3_greedy(folder, attention: str, prompts, **settings):
     try:
         calls = []
         attn = llm.engine.executor.worker.runner.model.model.layers[0].self_attn
+        assert attn.attn.fused_qk_norm_rope == (fused.QK_NORM_ROPE is fused.FusedImpl.TRITON)
         attn.q_norm.register_forward_hook(lambda *_: calls.append(1))
         with LogitsRecorder(llm.engine) as recorder:
             outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),

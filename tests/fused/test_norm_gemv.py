@@ -97,6 +97,18 @@ def test_persistent_launch_changes_no_bit(num_rows, device):
             assert torch.equal(got, want) and torch.equal(got_sum, want_sum)
 
 
+@pytest.mark.parametrize("silu", [False, True], ids=["gemv", "gemv-silu"])
+def test_sum_into_a_given_tensor(silu, device):
+    """``residual_out``: the sum ``x + residual`` is written there, the output is the same."""
+    x, residual, norm_weight, weight, bias = make_inputs(2, 64, 48, torch.bfloat16, device, seed=5)
+    want, want_sum = rms_norm_gemv(x, norm_weight, EPS, weight, bias, residual, silu=silu)
+    residual_out = torch.empty_like(x)
+    got, got_sum = rms_norm_gemv(x, norm_weight, EPS, weight, bias, residual, silu=silu, residual_out=residual_out)
+    assert got_sum is residual_out and torch.equal(got_sum, want_sum) and torch.equal(got, want)
+    with pytest.raises(ValueError, match="residual_out"):
+        rms_norm_gemv(x, norm_weight, EPS, weight, bias, residual, silu=silu, residual_out=residual_out.float())
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("num_rows", [1, 2])
 def test_gemv_silu_and_mul_equals_the_two_launches(num_rows, dtype, device):

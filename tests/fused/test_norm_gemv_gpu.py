@@ -11,7 +11,7 @@ import torch
 
 from infer_core import LLM, SamplingParams
 from infer_core.layers import fused
-from infer_core.layers.fused import gemv_fusion, use_pdl
+from infer_core.layers.fused import use_pdl
 from infer_core.layers.fused.gemv import (
     NORM_GEMV_PROGRAMS_PER_SM,
     GemvConfig,
@@ -24,7 +24,6 @@ from infer_core.layers.fused.gemv import (
 from infer_core.layers.fused.norm_gemv import gemv_silu_and_mul, rms_norm_gemv
 from infer_core.layers.fused.rms_norm import rms_norm
 from infer_core.layers.fused.silu_and_mul import silu_and_mul
-from infer_core.layers.norm import RMSNorm
 from infer_core.testing import LogitsRecorder, write_config_checkpoint
 
 pytestmark = pytest.mark.gpu
@@ -177,47 +176,83 @@ def test_graph_replay_equals_eager(pdl, monkeypatch):
             assert torch.equal(got, want)
 
 
-def test_decoder_chain_fuses_at_one_and_two_rows():
-    from infer_core.builtin.quant_none import UnquantizedLinearMethod
+@pytest.fixture
+def launches(monkeypatch):
+    """Counts the eager launches of the fused norm + GEMV and of the separate norm kernel (and runs them)."""
+    from infer_core.layers.fused import norm_gemv as norm_gemv_module
+    from infer_core.layers.fused import rms_norm as rms_norm_module
+
+    counts = {"norm_gemv": 0, "rms_norm": 0}
+
+    def counting(name, launch):
+        def run(*args, **kwargs):
+            counts[name] += 1
+            return launch(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(norm_gemv_module, "rms_norm_gemv", counting("norm_gemv", norm_gemv_module.rms_norm_gemv))
+    monkeypatch.setattr(rms_norm_module, "rms_norm", counting("rms_norm", rms_norm_module.rms_norm))
+    return counts
+
+
+def test_decoder_chain_fuses_at_one_and_two_rows(monkeypatch, launches):
+    """The post-attention norm and gate_up (+ SiLU) as the decoder layer builds them, on the GPU: one launch at
+    1-2 rows, equal bit for bit to the same layers built with the chain unfused (``fused.NORM_GEMV`` TORCH)."""
     from infer_core.interfaces import ParallelContext
     from infer_core.layers.activation import SiluAndMul
     from infer_core.layers.linear import MergedColumnParallelLinear
+    from infer_core.layers.norm import ResidualRMSNorm
+    from infer_core.layers.unquantized import UnquantizedLinearMethod
 
     k, _, n_gate_up = MODELS["qwen3-0.6b"]
-    norm = RMSNorm(k, EPS, dtype=torch.bfloat16).cuda()
-    linear = MergedColumnParallelLinear(k, [n_gate_up // 2] * 2, bias=False, method=UnquantizedLinearMethod(),
-                                        parallel=ParallelContext.single(), dtype=torch.bfloat16, prefix="mlp").cuda()
-    x, residual, norm.weight.data, linear.weight.data, _ = inputs(3, n_gate_up, k)
-    chain = gemv_fusion.NormLinear(norm, linear, SiluAndMul())
-    assert chain.impl is fused.FusedImpl.TRITON and linear.method.after_rms_norm
-    assert not chain.fuses(x, residual)  # 3 rows: F.linear
-    for num_rows in (1, 2):
-        fused_out = chain(x[:num_rows], residual[:num_rows])
-        chain.impl = fused.FusedImpl.TORCH
-        unfused_out = chain(x[:num_rows], residual[:num_rows])
-        chain.impl = fused.FusedImpl.TRITON
-        assert chain.fuses(x[:num_rows], residual[:num_rows])
-        assert all(torch.equal(a, b) for a, b in zip(fused_out, unfused_out))
+    x, residual, norm_weight, weight, _ = inputs(3, n_gate_up, k)
+
+    def build():
+        with torch.device("cuda"):  # built where it runs: the kernels are chosen then
+            norm = ResidualRMSNorm(k, EPS, dtype=torch.bfloat16)
+            linear = MergedColumnParallelLinear(k, [n_gate_up // 2] * 2, bias=False, method=UnquantizedLinearMethod(),
+                                                parallel=ParallelContext.single(), dtype=torch.bfloat16,
+                                                prefix="mlp", input_norm=norm, act=SiluAndMul())
+        norm.weight.data, linear.weight.data = norm_weight, weight
+
+        def chain(x, res):  # what the decoder layer runs
+            normed, summed = norm(x, res)
+            return linear(normed), summed
+
+        return chain, linear
+
+    fused_chain, linear = build()
+    monkeypatch.setattr(fused, "NORM_GEMV", fused.FusedImpl.TORCH)  # read when the layers are built
+    separate_chain, separate_linear = build()
+    assert linear.fuses_input_norm and linear.method.after_rms_norm and linear.method.before_silu
+    assert not separate_linear.fuses_input_norm and separate_linear.method.after_rms_norm
+    for num_rows in (1, 2, 3):
+        for res in (residual[:num_rows], None):
+            launches.update(norm_gemv=0, rms_norm=0)
+            fused_out = fused_chain(x[:num_rows], res)
+            assert launches == ({"norm_gemv": 1, "rms_norm": 0} if num_rows <= 2 else {"norm_gemv": 0, "rms_norm": 1})
+            unfused_out = separate_chain(x[:num_rows], res)
+            assert launches["norm_gemv"] == (num_rows <= 2)  # the unfused chain launched none
+            assert all(torch.equal(a, b) for a, b in zip(fused_out, unfused_out))
 
 
-def greedy(folder, prompts, **settings):
-    """Greedy tokens and every step's logits; calls of the separate qkv_proj layers (eager steps only)."""
+def greedy(folder, prompts, launches, **settings):
+    """Greedy tokens, every step's logits, and the launches of the eager steps (``launches``)."""
     llm = LLM(str(folder), attention="triton", max_num_seqs=16, gpu_memory_utilization=0.4, **settings)
     try:
-        calls = []
-        for layer in llm.engine.executor.worker.runner.model.model.layers:
-            layer.self_attn.qkv_proj.register_forward_hook(lambda *_: calls.append(1))
+        num_layers = len(llm.engine.executor.worker.runner.model.model.layers)
+        launches.update(norm_gemv=0, rms_norm=0)
         with LogitsRecorder(llm.engine) as recorder:
             outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
                                    use_tqdm=False)
         logits = [torch.stack(recorder.logits[o.request_id]) for o in outputs]
-        return [o.outputs[0].token_ids for o in outputs], logits, len(calls)
+        return [o.outputs[0].token_ids for o in outputs], logits, dict(launches, num_layers=num_layers)
     finally:
         llm.shutdown()
         torch.cuda.empty_cache()
 
 
-def test_qwen3_06b_same_logits_fused_or_not(tmp_path, monkeypatch):
+def test_qwen3_06b_same_logits_fused_or_not(tmp_path, monkeypatch, launches):
     """Qwen3-0.6B (dummy bf16, CUDA graphs at decode): fused chains (the default) against the separate kernels.
 
     One request at a time and two together, so decode steps run at 1 and 2 rows; logits equal bit for bit.
@@ -229,8 +264,9 @@ def test_qwen3_06b_same_logits_fused_or_not(tmp_path, monkeypatch):
     settings = dict(load_format="dummy", max_model_len=2048)
     runs = {}
     for impl in (fused.FusedImpl.TRITON, fused.FusedImpl.TORCH):
-        monkeypatch.setattr(gemv_fusion, "NORM_GEMV", impl)  # read when the model is built
-        runs[impl] = [greedy(folder, [prompts[0]], **settings), greedy(folder, prompts, **settings)]
+        monkeypatch.setattr(fused, "NORM_GEMV", impl)  # read when the model is built
+        runs[impl] = [greedy(folder, [prompts[0]], launches, **settings),
+                      greedy(folder, prompts, launches, **settings)]
     for (tokens, logits, _), (want_tokens, want_logits, _) in zip(runs[fused.FusedImpl.TRITON],
                                                                   runs[fused.FusedImpl.TORCH]):
         assert tokens == want_tokens
@@ -238,14 +274,17 @@ def test_qwen3_06b_same_logits_fused_or_not(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["qwen3", "llama"])
-def test_tiny_models_eager_same_logits_and_no_separate_qkv_at_decode(kind, tiny_checkpoint, monkeypatch):
-    """Eager bf16 tiny checkpoints: two one-token prompts keep every step at <= 2 rows, so the fused engine
-    never calls qkv_proj as a layer; the unfused one does; the logits are equal bit for bit."""
+def test_tiny_models_eager_same_logits_and_no_separate_norm_at_decode(kind, tiny_checkpoint, monkeypatch, launches):
+    """Eager bf16 tiny checkpoints: two one-token prompts keep every step at <= 2 rows, so the fused engine runs
+    each layer's two norms in its GEMV launches (the model's final norm alone is a norm launch, one a step); the
+    unfused one runs no fused launch; the logits are equal bit for bit."""
     pytest.importorskip("infer_attention_triton")
     prompts = [[5], [7]]
     settings = dict(dtype="bfloat16", max_model_len=256, enforce_eager=True)
-    tokens, logits, calls = greedy(tiny_checkpoint(kind), prompts, **settings)
-    monkeypatch.setattr(gemv_fusion, "NORM_GEMV", fused.FusedImpl.TORCH)
-    want_tokens, want_logits, want_calls = greedy(tiny_checkpoint(kind), prompts, **settings)
-    assert calls == 0 and want_calls > 0
+    tokens, logits, counts = greedy(tiny_checkpoint(kind), prompts, launches, **settings)
+    monkeypatch.setattr(fused, "NORM_GEMV", fused.FusedImpl.TORCH)
+    want_tokens, want_logits, want_counts = greedy(tiny_checkpoint(kind), prompts, launches, **settings)
+    assert counts["rms_norm"] > 0 and counts["norm_gemv"] == 2 * counts["num_layers"] * counts["rms_norm"]
+    assert want_counts["norm_gemv"] == 0 and want_counts["rms_norm"] == (2 * counts["num_layers"] + 1) * counts[
+        "rms_norm"]
     assert tokens == want_tokens and all(torch.equal(a, b) for a, b in zip(logits, want_logits))

@@ -145,26 +145,30 @@ def run_logits(llm: LLM, prompts) -> tuple[list[list[int]], list[torch.Tensor]]:
             [torch.stack(recorder.logits[o.request_id]) for o in outputs])
 
 
-def test_qwen3_gives_the_same_logits_with_the_fused_op(tiny_checkpoint):
-    """The tiny Qwen3 on the CPU (float32): the three layers, then the fused kernel forced on (interpreted).
+def test_qwen3_gives_the_same_logits_with_the_fused_op(tiny_checkpoint, request):
+    """The tiny Qwen3 on the CPU (float32): built as usual it runs the three layers' torch code; built under the
+    interpreter with the CPU listed (``fused.TRITON_DEVICES``) it runs the fused kernel, and no separate layer.
 
-    Forward hooks count calls of the separate layers: the forced run must not make any.
+    Forward hooks count calls of the separate layers: the fused run must not make any.
     """
-    llm = LLM(str(tiny_checkpoint("qwen3")), device="cpu", dtype="float32", block_size=16)
-    attns = attention_layers(llm)
-    assert all(attn.qk_norm for attn in attns)
-    calls = []
-    for module in (attns[0].q_norm, attns[0].k_norm, attns[0].rotary):
-        module.register_forward_hook(lambda module, args, out: calls.append(type(module).__name__))
+    folder = str(tiny_checkpoint("qwen3"))
+    llm = LLM(folder, device="cpu", dtype="float32", block_size=16)
     prompts = [[5, 9, 13, 200, 31], torch.randint(3, 384, (19,), generator=torch.Generator().manual_seed(0)).tolist()]
 
-    tokens, logits = run_logits(llm, prompts)
-    assert calls and set(calls) == {"RMSNorm", "RotaryEmbedding"}  # the CPU runs the three layers
-    calls.clear()
-    for attn in attns:
-        attn.force_fused_qk_norm_rope = True
-    fused_tokens, fused_logits = run_logits(llm, prompts)
-    assert calls == []
+    def run_counting_layer_calls(llm):
+        attns = attention_layers(llm)
+        assert all(attn.attn.qk_norm is not None for attn in attns)
+        calls = []
+        for module in (attns[0].q_norm, attns[0].k_norm, attns[0].rotary):
+            module.register_forward_hook(lambda module, args, out: calls.append(type(module).__name__))
+        return run_logits(llm, prompts), calls, attns[0].attn.fused_qk_norm_rope
+
+    (tokens, logits), calls, fused = run_counting_layer_calls(llm)
+    assert not fused and set(calls) == {"RMSNorm", "RotaryEmbedding"}  # the CPU runs the three layers
+    request.getfixturevalue("triton_on_cpu")  # engines built from here on run our kernels on the CPU
+    (fused_tokens, fused_logits), calls, fused = run_counting_layer_calls(
+        LLM(folder, device="cpu", dtype="float32", block_size=16))
+    assert fused and calls == []
     assert fused_tokens == tokens
     for got, expected in zip(fused_logits, logits):
         assert got.shape == expected.shape == (4, 384)

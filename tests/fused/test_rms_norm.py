@@ -103,3 +103,17 @@ def test_mismatched_residual_is_refused(device):
     norm = reference_norm(8, torch.float32, device)
     with pytest.raises(ValueError, match="residual"):
         rms_norm(torch.randn(2, 8, device=device), norm.weight, 1e-6, torch.randn(2, 8, device=device).half())
+
+
+def test_sum_into_a_given_tensor(device):
+    """``residual_out``: the sum is written there (the norm before a projection hands that tensor on first)."""
+    torch.manual_seed(4)
+    norm = reference_norm(48, torch.bfloat16, device)
+    x, residual = (torch.randn(3, 48, device=device).to(torch.bfloat16) for _ in range(2))
+    want_out, want_sum = rms_norm(x, norm.weight, norm.eps, residual)
+    residual_out = torch.empty_like(x)
+    out, summed = rms_norm(x, norm.weight, norm.eps, residual, residual_out=residual_out)
+    assert summed is residual_out and torch.equal(summed, want_sum) and torch.equal(out, want_out)
+    for bad in (torch.empty(3, 47, device=device), torch.empty(3, 48, device=device), torch.empty(48, 3).t()):
+        with pytest.raises(ValueError, match="residual_out"):
+            rms_norm(x, norm.weight, norm.eps, residual, residual_out=bad.to(device))

@@ -1,9 +1,11 @@
-"""Triton kernels for the per-layer elementwise ops (RMSNorm, rotary, SiLU-and-mul, Qwen3's q/k norm + rotary).
+"""Triton kernels for the per-layer ops (RMSNorm, rotary, SiLU-and-mul, Qwen3's q/k norm + rotary, the decode
+GEMV and its fusions), and the one rule by which a layer chooses them: :func:`runs_triton`.
 
-This package's ``__init__`` never imports triton: the layers ask :func:`use_triton` per call and
-import the kernel module only on a CUDA tensor, so the core runs where triton is not installed.
-Which implementation a layer uses on CUDA is one constant per op below; the CPU always runs the
-torch reference code of the layer.
+A layer decides once, when it is built, whether it runs our Triton kernels or its own torch code (as vLLM's
+``CustomOp`` picks its forward in ``__init__``); per call it checks only shapes (e.g. the GEMV's decode-sized
+row counts). The decision follows the device the layer is built on (the runner builds the model under
+``torch.device``): build a layer where it will run. This package's ``__init__`` never imports triton, and a
+layer imports a kernel module only on its Triton path, so the core runs where triton is not installed.
 """
 
 from __future__ import annotations
@@ -17,26 +19,36 @@ import torch
 
 class FusedImpl(enum.Enum):
     TORCH = "torch"  # the layer's own torch code (eager), as on the CPU
-    TRITON = "triton"  # our kernels in this package, on CUDA tensors only
+    TRITON = "triton"  # our kernels in this package, where runs_triton allows them
 
 
-# What each layer runs on CUDA; read when the layer is built (``layer.impl`` overrides one instance).
+# What each op runs where Triton runs (see runs_triton); read when a layer is built.
 RMS_NORM = FusedImpl.TRITON
 ROTARY = FusedImpl.TRITON
 SILU_AND_MUL = FusedImpl.TRITON
-# Qwen3's q-norm, k-norm and rotary as one launch (TORCH: the three layers, each by its own constant);
-# read by the attention layer when built, and used only where the three layers would each run Triton.
+# Qwen3's q-norm, k-norm and rotary as one launch (TORCH: the three layers, each by its own constant); used
+# only where the three layers would each run Triton.
 QK_NORM_ROPE = FusedImpl.TRITON
-# The dense linear layers' and the LM head's matmul at decode sizes (builtin/quant_none.py's GEMV_MAX_ROWS):
-# TORCH is F.linear (cuBLAS); TRITON is fused/gemv.py, 1.11-1.16x cuBLAS at 1-2 rows on an H100 (benchmarks/gemv.py).
+# The dense linear layers' and the LM head's matmul at decode sizes (fused/dense.py's GEMV_MAX_ROWS): TORCH is
+# F.linear (cuBLAS); TRITON is fused/gemv.py, faster there at 1-2 rows (benchmarks/gemv.py).
 GEMV = FusedImpl.TRITON
+# An RMSNorm and the dense GEMV it feeds (and gate_up's SiLU-and-mul) as one launch at decode sizes
+# (fused/gemv_fusion.py); TORCH keeps the layers separate. Used only where each would run Triton.
+NORM_GEMV = FusedImpl.TRITON
+
+# The device types on whose tensors layers run our Triton kernels. CUDA; and the CPU only where Triton's
+# interpreter runs (TRITON_INTERPRET=1, set before any kernel module is imported) and "cpu" is added here:
+# that is how the tests run the kernels through the layers and the model on a machine without a GPU
+# (tests/fused/conftest.py). The interpreter alone does not take the CPU: a test process sets it for the
+# whole run, and the CPU engines of every other test in that process must keep running the torch code.
+TRITON_DEVICES: tuple[str, ...] = ("cuda",)
 
 # Programmatic dependent launch (Hopper and newer): our decode-path kernels let the next kernel's programs
 # start while they drain, and wait (griddepcontrol.wait) before touching memory. The runner sets it from the
 # ``pdl`` setting (INFER_PDL=false turns it off).
 PDL = True
 
-OPS = ("rms_norm", "rotary", "silu_and_mul", "qk_norm_rope", "gemv")
+OPS = ("rms_norm", "rotary", "silu_and_mul", "qk_norm_rope", "gemv", "norm_gemv")
 
 
 @functools.cache
@@ -48,14 +60,27 @@ def triton_available() -> bool:
     return True
 
 
+def interpreting() -> bool:
+    """Whether this process runs Triton kernels in Triton's interpreter (on CPU tensors)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def available() -> dict[str, bool]:
     """Which Triton kernels can run in this process (all need triton; they run on CUDA tensors)."""
     ok = triton_available() and torch.cuda.is_available()
     return {op: ok for op in OPS}
 
 
-def use_triton(impl: FusedImpl, x: torch.Tensor) -> bool:
-    return impl is FusedImpl.TRITON and x.is_cuda and triton_available()
+def runs_triton(impl: FusedImpl, device: torch.device | str) -> bool:
+    """Whether a layer built on ``device`` runs our Triton kernel for an op set to ``impl`` (else its torch code).
+
+    Called once, when the layer is built: CUDA devices take the kernels; the CPU only where it is listed in
+    ``TRITON_DEVICES`` and the process runs Triton's interpreter.
+    """
+    device_type = torch.device(device).type
+    if impl is not FusedImpl.TRITON or device_type not in TRITON_DEVICES or not triton_available():
+        return False
+    return device_type == "cuda" or (device_type == "cpu" and interpreting())
 
 
 @functools.cache
@@ -65,7 +90,7 @@ def _capability_major(device_index: int) -> int:
 
 def use_pdl(x: torch.Tensor) -> bool:
     """Whether a kernel on ``x``'s device is launched with programmatic dependent launch (see ``fused/pdl.py``)."""
-    if not (PDL and x.is_cuda) or os.environ.get("TRITON_INTERPRET") == "1":
+    if not (PDL and x.is_cuda) or interpreting():
         return False
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     return _capability_major(index) >= 9

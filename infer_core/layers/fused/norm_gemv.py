@@ -1,11 +1,11 @@
 """The decode GEMV with its neighbours in one launch: RMSNorm (+ residual add) before it, SiLU-and-mul after it.
 
 At 1-2 rows a decoder layer runs norm -> qkv GEMV and norm -> gate_up GEMV -> SiLU-and-mul, each a
-launch of a microsecond or two that reads a few KiB. Here one GEMV launch does all of it:
+short launch that reads a few KiB. Here one GEMV launch does all of it:
 
 - norm: x has K <= 16384 elements a row, so every program recomputes the row's sum of squares itself
   (x and the residual come from L2) before its K loop, and in the loop normalises the K chunk it
-  multiplies. Program 0 alone writes ``x + residual`` (the next residual) into a new tensor: the
+  multiplies. Program 0 alone writes ``x + residual`` (the next residual) into its own tensor: the
   other programs still read the old residual.
 - SiLU-and-mul: ``[gate; up]`` weights of 2I rows give I outputs; a program owns columns j of gate
   and the same j of up (rows j and I + j of W: also a tensor-parallel shard of gate_up is
@@ -50,7 +50,7 @@ from infer_core.layers.fused.gemv import (
     prefetch_w_to_l2,
 )
 from infer_core.layers.fused.pdl import pdl_enter
-from infer_core.layers.fused.rms_norm import MAX_SINGLE_PASS, _load_row_chunk
+from infer_core.layers.fused.rms_norm import MAX_SINGLE_PASS, _load_row_chunk, checked_residual_out
 from infer_core.layers.fused.rms_norm import _tiles as norm_tiles
 
 
@@ -202,7 +202,8 @@ def _rows(t: torch.Tensor, k: int) -> torch.Tensor:
     return rows if rows.stride(1) == 1 or k <= 1 else rows.contiguous()
 
 
-def _launch(x, residual, norm_weight, eps, weight, bias, silu: bool, config: GemvConfig | None):
+def _launch(x, residual, norm_weight, eps, weight, bias, silu: bool, config: GemvConfig | None,
+            residual_out: torch.Tensor | None = None):
     """Checks, the launch, and ``(y, x + residual or None)``."""
     k = x.shape[-1]
     if weight.dim() != 2 or weight.shape[1] != k:
@@ -227,7 +228,8 @@ def _launch(x, residual, norm_weight, eps, weight, bias, silu: bool, config: Gem
         raise ValueError(f"the fused GEMV takes at most {MAX_ROWS} rows, got {num_rows}: use the separate layers")
     n_out = n // 2 if silu else n
     out = torch.empty((*x.shape[:-1], n_out), dtype=x.dtype, device=x.device)
-    res_out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else None
+    res_out = None if residual is None else torch.empty(x.shape, dtype=x.dtype, device=x.device) \
+        if residual_out is None else checked_residual_out(residual_out, x)
     if num_rows == 0 or n_out == 0 or k == 0:
         if k == 0 and num_rows and n_out:
             raise ValueError("the fused GEMV needs K >= 1")
@@ -262,13 +264,14 @@ def _launch(x, residual, norm_weight, eps, weight, bias, silu: bool, config: Gem
 
 def rms_norm_gemv(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
                   bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, *, silu: bool = False,
-                  config: GemvConfig | None = None):
+                  config: GemvConfig | None = None, residual_out: torch.Tensor | None = None):
     """``gemv(rms_norm(x, norm_weight, eps, residual), weight, bias)``, then ``silu_and_mul`` with ``silu``.
 
-    Returns y, or ``(y, x + residual)`` with ``residual`` (like ``rms_norm``); the sum is a new tensor.
+    Returns y, or ``(y, x + residual)`` with ``residual`` (like ``rms_norm``); the sum is a new tensor, or
+    ``residual_out`` (contiguous, x's shape and dtype) where given.
     ``config`` defaults to ``config_after_rms_norm``'s, the tiles of the unfused GEMV after a norm.
     """
-    y, summed = _launch(x, residual, norm_weight, eps, weight, bias, silu, config)
+    y, summed = _launch(x, residual, norm_weight, eps, weight, bias, silu, config, residual_out)
     return y if residual is None else (y, summed)
 
 

@@ -109,6 +109,14 @@ def _row_view(t: torch.Tensor) -> tuple[int, int, int, int, int]:
     raise ValueError(f"rms_norm takes a 1-, 2- or 3-D tensor, got shape {tuple(t.shape)}; reshape it first")
 
 
+def checked_residual_out(out: torch.Tensor, x) -> torch.Tensor:
+    """``out`` where it can take the sum ``x + residual`` (x: a tensor, or anything of its shape and dtype)."""
+    if tuple(out.shape) != tuple(x.shape) or out.dtype != x.dtype or not out.is_contiguous():
+        raise ValueError(f"residual_out {tuple(out.shape)} {out.dtype} must be a contiguous tensor of x's shape "
+                         f"and dtype, {tuple(x.shape)} {x.dtype}: the kernel writes it row after row")
+    return out
+
+
 def _tiles(n_cols: int, max_single_pass: int) -> tuple[int, int, bool, int]:
     """(BLOCK_M, BLOCK_N, single pass, num_warps) for rows of ``n_cols`` elements."""
     single = n_cols <= max_single_pass
@@ -118,15 +126,17 @@ def _tiles(n_cols: int, max_single_pass: int) -> tuple[int, int, bool, int]:
     if block_n >= LARGE_ROW:
         # the norm + GEMV after it (qkv, gate_up of 8B-class models) runs at the norm's warp count
         # (gemv.config_after_rms_norm). At 8, two of its programs fit an SM (about 128 registers a thread);
-        # at 16 one did, and each waited alone on its W loads: a Qwen3-8B batch-1 decode step took 4.627 ms
-        # at 8 against 4.885 at 16 on an H200 (infer bench latency --attention triton).
+        # at 16 one did, and each waited alone on its W loads (a Qwen3-8B decode step measured slower).
         num_warps = LARGE_ROW_WARPS
     return block_m, block_n, single, num_warps
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None, *,
-             max_single_pass: int = MAX_SINGLE_PASS):
-    """``norm(x)``, or ``(norm(x + residual), x + residual)`` with ``residual``; the last dim is normalised."""
+             max_single_pass: int = MAX_SINGLE_PASS, residual_out: torch.Tensor | None = None):
+    """``norm(x)``, or ``(norm(x + residual), x + residual)`` with ``residual``; the last dim is normalised.
+
+    The sum goes to a new tensor, or to ``residual_out`` (contiguous, x's shape and dtype) where given.
+    """
     n_cols = x.shape[-1]
     if weight.shape != (n_cols,):
         raise ValueError(f"weight of shape {tuple(weight.shape)} does not match the last dim {n_cols} of x")
@@ -138,7 +148,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
             raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} must match x "
                              f"{tuple(x.shape)} {x.dtype}")
         _, _, sro, sri, src = _row_view(residual)
-        res_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        res_out = checked_residual_out(residual_out, x) if residual_out is not None else torch.empty(
+            x.shape, dtype=x.dtype, device=x.device)
     else:
         sro, sri, src, residual, res_out = sxo, sxi, sxc, x, out  # unused by the kernel
     if num_rows > 0 and n_cols > 0:

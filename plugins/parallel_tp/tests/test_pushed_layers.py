@@ -51,16 +51,18 @@ class _Rank(Communicator):
 
 
 def _down_proj(rank: int, full_weight: torch.Tensor, communicator: Communicator) -> RowParallelLinear:
+    """Rank ``rank``'s down_proj, built on the weight's device (on the CPU under ``triton_on_cpu`` it runs the GEMV
+    in Triton's interpreter, as on CUDA)."""
     parallel = ParallelContext(rank, 2, communicator)
-    layer = RowParallelLinear(2 * K_IN, N, bias=False, method=UnquantizedLinearMethod(), parallel=parallel,
-                              dtype=full_weight.dtype, prefix="model.layers.0.mlp.down_proj").to(full_weight.device)
+    with torch.device(full_weight.device):
+        layer = RowParallelLinear(2 * K_IN, N, bias=False, method=UnquantizedLinearMethod(), parallel=parallel,
+                                  dtype=full_weight.dtype, prefix="model.layers.0.mlp.down_proj")
     layer.weight_loader(layer.weight, full_weight)
-    layer.method.force_triton = True  # the decode GEMV on CPU tensors too (Triton's interpreter)
     return layer
 
 
 @pytest.mark.parametrize("mode", ["gemv", "sum", "all_reduce"])
-def test_row_parallel_layer_pushes_and_returns_the_sum_in_each_mode(mode, device, simulated_sites):
+def test_row_parallel_layer_pushes_and_returns_the_sum_in_each_mode(mode, device, simulated_sites, triton_on_cpu):
     """Rank 1 pushes its partial sums first (the ranks are not concurrent here); rank 0's pushing layer then pushes
     its own (its GEMV, or in mode ``all_reduce`` the all-reduce kernel) and adds both, as rank 1's reader does."""
     dtype = torch.bfloat16  # the GEMV runs in half precision only
@@ -84,7 +86,8 @@ def test_row_parallel_layer_pushes_and_returns_the_sum_in_each_mode(mode, device
     assert (sites[0].pushes, communicator.num_all_reduces) == ([1], 0)
 
 
-def test_row_parallel_layer_is_the_core_layer_where_the_gemv_does_not_run(device, simulated_sites):
+def test_row_parallel_layer_is_the_core_layer_where_the_gemv_does_not_run(device, simulated_sites, triton_on_cpu,
+                                                                        monkeypatch):
     """Three rows (the GEMV takes one or two), or a method without the GEMV on CPU tensors: no push, the core
     layer's matmul and all-reduce."""
     dtype = torch.bfloat16
@@ -97,8 +100,12 @@ def test_row_parallel_layer_is_the_core_layer_where_the_gemv_does_not_run(device
     layer = PushedRowParallelLinear(core, target, sites[0], site)
     x = torch.randn(3, K_IN, generator=gen).to(device, dtype)
     assert torch.equal(layer(x), core(x)) and communicator.num_all_reduces == 2
-    core.method.force_triton = False
-    if device == "cpu":  # the GEMV does not run on CPU tensors
+    if device == "cpu":  # a layer built on the CPU outside Triton's interpreter runs F.linear, never the GEMV
+        from infer_core.layers import fused
+
+        monkeypatch.setattr(fused, "TRITON_DEVICES", ("cuda",))
+        core = _down_proj(0, full, communicator)
+        layer = PushedRowParallelLinear(core, target, sites[0], site)
         assert torch.equal(layer(x[:1]), core(x[:1])) and communicator.num_all_reduces == 4
     assert sites[0].pushes == [0]
 

@@ -7,7 +7,7 @@ parent with a module that holds it: the same parameters, nothing copied. The sam
 the same layer gets the same site on every rank.
 
 A replacement takes the pushed path where the core layer would run the decode GEMV (CUDA, 1-2 rows: the
-method's ``uses_gemv``) or, for the embedding, on CUDA token ids of up to a site's rows; elsewhere it calls
+dense method's ``uses_gemv``) or, for the embedding, on CUDA token ids of up to a site's rows; elsewhere it calls
 the layer it holds, which computes and all-reduces as always. Pushed, a row-parallel layer's output is
 added as the site's mode says (``pushed_sums.py``): ``gemv`` by the pushing GEMV's own last programs, ``sum``
 by a small kernel after it, ``all_reduce`` by one kernel that pushes the layer's stored output and adds.
@@ -21,6 +21,7 @@ import logging
 import torch
 from infer_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from infer_core.layers.linear import RowParallelLinear
+from infer_core.layers.unquantized import UnquantizedLinearMethod
 from torch import nn
 
 from infer_parallel_tp.push_all_reduce import all_reduce_pushed, lookup_all_reduce
@@ -81,7 +82,7 @@ def pushes(module: nn.Module, layout: PushLayout) -> bool:
     if not isinstance(module, RowParallelLinear) or module.bias is not None:
         return False
     weight = getattr(module, "weight", None)
-    return (callable(getattr(module.method, "uses_gemv", None)) and weight is not None
+    return (isinstance(module.method, UnquantizedLinearMethod) and weight is not None
             and weight.dtype == layout.dtype and module.output_sizes == [layout.hidden_size])
 
 
