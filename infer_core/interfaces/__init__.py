@@ -1,10 +1,11 @@
 """The contracts of every extension point. Plugins import from here; nothing here imports torch.
 
-The errors a plugin raises or reports (``PluginError``, ``EngineDeadError``) are re-exported here
-from ``infer_core.errors``, so a plugin needs no other core module for them.
+The errors an implementation raises or reports (``PluginError``, ``EngineDeadError``,
+``RequestError``) are re-exported here from ``infer_core.errors``, so a plugin (or a builtin
+implementation) needs no other core module for them.
 """
 
-from infer_core.errors import EngineDeadError, PluginError
+from infer_core.errors import EngineDeadError, PluginError, RequestError
 from infer_core.interfaces.attention import AttentionBackend, AttentionCapabilities, AttentionLayer, BatchMetadata
 from infer_core.interfaces.context import RuntimeComponent, RuntimeContext
 from infer_core.interfaces.decoding import DecodingPolicy
@@ -59,6 +60,7 @@ __all__ = [
     "RankWorker",
     "ReadyOutput",
     "Request",
+    "RequestError",
     "RequestStatus",
     "RequestUpdate",
     "RunnerOutput",
