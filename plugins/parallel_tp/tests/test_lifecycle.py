@@ -6,9 +6,9 @@
   one caught in a reference cycle is released by the collector's pass.
 - A program that exits with a TP=2 engine it never shut down, and without an
   ``if __name__ == "__main__":`` guard, exits with status 0, its workers reaped, no error printed.
-- A worker that fails while it starts (an exception, or a process that ends abruptly) is reported
-  in the EngineDeadError with its own error, not only its exit code, and leaves no process or
-  process group behind. The failures are real: an attention backend, installed as a plugin, that
+- A worker that fails while it starts (an exception, a process that ends abruptly, a configuration
+  it cannot take before the group's rendezvous) is reported in the EngineDeadError with its own
+  error, not only its exit code, soon, and leaves no process or process group behind. The failures are real: an attention backend, installed as a plugin, that
   fails on every rank but 0, as a library missing on one host or a device broken on one rank would.
 """
 
@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import weakref
 
 import pytest
@@ -156,10 +157,27 @@ FAILING_BACKENDS = textwrap.dedent(
 )
 
 
+# A worker factory that another rank cannot unpickle, as one whose module is missing on that rank's host.
+UNPICKLABLE_FACTORY = textwrap.dedent(
+    """
+    def _refuse():
+        raise ImportError("infer_rank_failure.factory cannot be imported on this host")
+
+    class ArrivesBroken:
+        def __call__(self, engine_config, parallel, local_device=None):
+            raise AssertionError("rank 0 must not get this far: a rank failed to take the configuration")
+
+        def __reduce__(self):
+            return (_refuse, ())
+    """
+)
+
+
 @pytest.fixture
 def failing_plugin(tmp_path, monkeypatch):
     root = install_plugin_package(tmp_path / "site", "infer-rank-failure", "rank-failure", "infer_rank_failure",
-                                  {"plugin.py": FAILING_PLUGIN, "backends.py": FAILING_BACKENDS})
+                                  {"plugin.py": FAILING_PLUGIN, "backends.py": FAILING_BACKENDS,
+                                   "factory.py": UNPICKLABLE_FACTORY})
     monkeypatch.syspath_prepend(str(root))  # the spawned workers get this process's sys.path
     return root
 
@@ -176,5 +194,27 @@ def test_a_worker_that_fails_at_start_reports_its_own_error(tiny_checkpoint, fai
                                                             attention, expected):
     with pytest.raises(EngineDeadError, match=f"(?s){expected}"):
         _tp2(tiny_checkpoint("llama"), attention=attention)
+    assert not dist.is_initialized()
+    assert_no_workers_left()
+
+
+def test_a_worker_that_cannot_take_the_configuration_is_reported_before_the_rendezvous(
+        tiny_checkpoint, failing_plugin, assert_no_workers_left):
+    """Rank 0 hears of it while it waits for the workers' replies, not after waiting COLLECTIVE_TIMEOUT for the
+    dead rank in the process group's rendezvous."""
+    from infer_core.loader import assemble
+    from infer_core.settings import load_settings
+    from infer_rank_failure.factory import ArrivesBroken
+
+    from infer_parallel_tp.executor import TensorParallelExecutor
+    from infer_parallel_tp.group import COLLECTIVE_TIMEOUT
+
+    config = assemble(load_settings(model=str(tiny_checkpoint("llama")), tensor_parallel_size=2, device="cpu",
+                                    dtype="float32")).config
+    start = time.monotonic()
+    with pytest.raises(EngineDeadError, match=r"(?s)rank 1 \(pid \d+\) exited with code 1.*\n.*"
+                                              r"ImportError: infer_rank_failure.factory cannot be imported"):
+        TensorParallelExecutor(config, 2, ArrivesBroken())
+    assert time.monotonic() - start < COLLECTIVE_TIMEOUT.total_seconds() / 5
     assert not dist.is_initialized()
     assert_no_workers_left()

@@ -29,7 +29,7 @@ from infer_parallel_tp.channel import Call
 from infer_parallel_tp.group import COLLECTIVE_TIMEOUT, RankPlacement, backend_for, torchrun_placement, torchrun_store
 from infer_parallel_tp.processes import SpawnedWorkers
 from infer_parallel_tp.ranks import Ranks
-from infer_parallel_tp.worker_main import INIT, STEP
+from infer_parallel_tp.worker_main import INIT, JOIN, STEP
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,11 @@ class TensorParallelExecutor(Executor):
             channel = ranks.channel
             self.worker_pids = [channel.wait_for(r, self.check_health, STARTUP_TIMEOUT).value
                                 for r in channel.worker_ranks]
-            channel.send(Call(INIT, (engine_config, worker_factory)))  # every rank joins the group, builds its worker
+            channel.send(Call(INIT, (engine_config, worker_factory)))
+            # a worker that cannot take the configuration or set up its device is reported now, with its own
+            # error: in the group's rendezvous rank 0 would wait for it until COLLECTIVE_TIMEOUT
+            self._collect()
+            channel.send(Call(JOIN))  # every rank joins the group, then builds its worker
             ranks.join(engine_config)
             if workers is not None:
                 workers.watch(ranks.on_worker_death)

@@ -41,7 +41,8 @@ from infer_parallel_tp.group import (
 logger = logging.getLogger(__name__)
 
 STOP = "stop"
-INIT = "init"
+INIT = "init"  # take the engine's configuration and the worker factory, get ready to join the group
+JOIN = "join"  # join the process group with every other rank, then build this rank's worker
 STEP = "step"  # launch one SchedulerOutput; no reply
 
 
@@ -60,18 +61,29 @@ class RankLoop:
         self.placement = placement
         self.channel = channel
         self.worker = None
+        self.config = None
+        self.worker_factory: WorkerFactory | None = None
 
-    def _init(self, store: dist.Store, config, worker_factory: WorkerFactory) -> None:
-        """Join the group with the engine's device, then build this rank's worker."""
+    def _init(self, config, worker_factory: WorkerFactory) -> None:
+        """Take the engine's configuration and set up this rank's device: a rank that cannot is reported
+        before the others wait for it in the group's rendezvous, which no death interrupts."""
+        self.config, self.worker_factory = config, worker_factory
         self.placement = replace(self.placement, backend=backend_for(config.device))
-        if not self.placement.is_cuda:
+        if self.placement.is_cuda:
+            torch.cuda.set_device(self.placement.local_rank)
+        else:
             torch.set_num_threads(1)  # the ranks share the host's cores
+
+    def _join(self, store: dist.Store) -> None:
+        """Join the group with the engine's device, then build this rank's worker."""
+        config = self.config
         parallel = join_group(self.placement, store, enable_symm_mem=symm_mem_all_reduce_enabled(config.settings),
                               push_layout=push_layout_for(config, self.placement.world_size))
-        self.worker = worker_factory(config, parallel, self.placement.local_rank if self.placement.is_cuda else None)
+        local_device = self.placement.local_rank if self.placement.is_cuda else None
+        self.worker = self.worker_factory(config, parallel, local_device)
 
     def run(self, store: dist.Store) -> int:
-        self.channel.reply(True, os.getpid())  # up: rank 0 sends INIT once every rank is
+        self.channel.reply(True, os.getpid())  # up: rank 0 sends INIT once every rank is, JOIN once every rank took it
         failed, holds_gc = True, False
         try:
             while True:
@@ -85,7 +97,9 @@ class RankLoop:
                     if call.method == STEP:
                         self.worker.execute_async(*call.args)  # the result is never read on this rank
                     elif call.method == INIT:
-                        self._init(store, *call.args)
+                        self._init(*call.args)
+                    elif call.method == JOIN:
+                        self._join(store)
                         # a worker rank serves steps from here to STOP: its start-up heap is frozen, as rank 0's
                         # is while its engine is busy (a full GC pass here would stall every rank at a collective)
                         self.worker.hold_gc()
