@@ -135,8 +135,14 @@ class LogitsRecorder:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.engine.executor.execute_async = self._execute
-        self.engine.executor.collective_rpc("set_return_logits", False)
+        executor = self.engine.executor
+        # the class's method again; not the bound method stored on the instance, a reference cycle that
+        # would keep the executor (and a tensor-parallel engine's workers) alive past ``del llm``
+        del executor.execute_async
+        if executor.execute_async != self._execute:  # it was an attribute of the instance before
+            executor.execute_async = self._execute
+        self._execute = None
+        executor.collective_rpc("set_return_logits", False)
 
 
 def install_plugin_package(root: str | Path, distribution: str, entry_point: str, package: str,

@@ -3,7 +3,7 @@
 A full (generation-2) pass walks every object the collector tracks; after start-up that is the
 whole of torch, transformers and the model, a quarter of a second per pass on the host. While an
 engine has requests in progress the heap it started them on is frozen and young passes wait for
-more objects (``engine/gc_policy.py``), and a final-only sequence (``LLM.generate``) keeps where
+more objects (``runner/gc_policy.py``), and a final-only sequence (``LLM.generate``) keeps where
 each step ended as ints, not a list per step.
 
 - ``StepLoopGC``: the first holder freezes and raises the young threshold, the last release undoes
@@ -24,7 +24,7 @@ import weakref
 import pytest
 
 from infer_core import LLM, SamplingParams
-from infer_core.engine.gc_policy import STEP_LOOP_GC, YOUNG_THRESHOLD, StepLoopGC
+from infer_core.runner.gc_policy import STEP_LOOP_GC, YOUNG_THRESHOLD, StepLoopGC
 from infer_core.engine.output_processor import OutputProcessor
 from infer_core.interfaces import Request, RequestStatus, RequestUpdate
 

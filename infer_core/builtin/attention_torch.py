@@ -11,14 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from infer_core.interfaces import AttentionBackend, AttentionLayer, BatchMetadata
-
-
-def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Scatter new K/V rows of the real (unpadded) tokens into the paged cache."""
-    num_kv_heads, head_dim = kv_cache.shape[-2:]
-    slots = slot_mapping.long()
-    kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k)
-    kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v)
+from infer_core.layers.kv_write import write_kv
 
 
 def _key_mask(query_pos: torch.Tensor, num_keys: int, seq_len: torch.Tensor | int, window: int | None) -> torch.Tensor:

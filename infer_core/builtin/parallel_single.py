@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from infer_core.interfaces import Executor, ParallelContext, ParallelStrategy
+from infer_core.interfaces import Executor, ParallelContext, ParallelStrategy, WorkerFactory
 
 
 class SingleExecutor(Executor):
     supports_overlap = True  # the runner is in this process and reads pending tokens on its device
 
-    def __init__(self, engine_config: Any) -> None:
-        from infer_core.runner.worker import Worker
-
-        self.worker = Worker(engine_config, ParallelContext.single())
+    def __init__(self, engine_config: Any, worker_factory: WorkerFactory) -> None:
+        self.worker = worker_factory(engine_config, ParallelContext.single())
 
     def start(self) -> int:
         return self.worker.start()
@@ -45,5 +43,5 @@ class SingleDeviceStrategy(ParallelStrategy):
     def world_size(self) -> int:
         return 1
 
-    def create_executor(self, engine_config):
-        return SingleExecutor(engine_config)
+    def create_executor(self, engine_config, worker_factory):
+        return SingleExecutor(engine_config, worker_factory)

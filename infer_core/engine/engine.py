@@ -9,7 +9,7 @@ preparation and output processing then run while the device computes. A request 
 step N has one more token computed in step N+1, which is dropped.
 
 While it has requests in progress the engine keeps Python's garbage collector off the heap that
-existed when they began (``engine/gc_policy.py``): a full pass over it stalled a step by 0.25 s.
+existed when they began (``runner/gc_policy.py``): a full pass over it stalled a step by 0.25 s.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from infer_core.engine.gc_policy import STEP_LOOP_GC
 from infer_core.engine.output_processor import OutputProcessor
 from infer_core.errors import EngineDeadError, RequestError, SettingsError
 from infer_core.interfaces import (
@@ -36,6 +35,8 @@ from infer_core.loader import EngineSpec, assemble
 from infer_core.models.tokenizer import load_tokenizer
 from infer_core.outputs import RequestOutput
 from infer_core.profiling import step_range
+from infer_core.runner.gc_policy import STEP_LOOP_GC
+from infer_core.runner.worker import Worker
 from infer_core.sampling_params import SamplingParams
 from infer_core.settings import EngineSettings, load_settings
 
@@ -68,7 +69,7 @@ class Engine:
         self.eos_token_ids = frozenset(eos)
         settings = config.settings
         strategy = spec.chosen["parallel"].load()(spec.context)
-        self.executor = strategy.create_executor(config)
+        self.executor = strategy.create_executor(config, Worker)
         try:
             num_blocks = self._size_kv_cache(self.executor.start())
             self.executor.init_kv_cache(num_blocks)
@@ -89,7 +90,7 @@ class Engine:
         self.counters = EngineCounters()
         self._ids = itertools.count()
         self.is_dead = False
-        self._holds_gc = False  # in a busy period: the collector is set up for it (engine/gc_policy.py)
+        self._holds_gc = False  # in a busy period: the collector is set up for it (runner/gc_policy.py)
 
     @classmethod
     def from_settings(cls, settings: EngineSettings | None = None, **explicit: Any) -> Engine:

@@ -1,5 +1,11 @@
-"""The contracts of every extension point. Plugins import from here; nothing here imports torch."""
+"""The contracts of every extension point. Plugins import from here; nothing here imports torch.
 
+The errors an implementation raises or reports (``PluginError``, ``EngineDeadError``,
+``RequestError``) are re-exported here from ``infer_core.errors``, so a plugin (or a builtin
+implementation) needs no other core module for them.
+"""
+
+from infer_core.errors import EngineDeadError, PluginError, RequestError
 from infer_core.interfaces.attention import AttentionBackend, AttentionCapabilities, AttentionLayer, BatchMetadata
 from infer_core.interfaces.context import RuntimeComponent, RuntimeContext
 from infer_core.interfaces.decoding import DecodingPolicy
@@ -9,7 +15,9 @@ from infer_core.interfaces.parallel import (
     Executor,
     ParallelContext,
     ParallelStrategy,
+    RankWorker,
     SingleRankCommunicator,
+    WorkerFactory,
 )
 from infer_core.interfaces.quant import LinearMethod, Quantizer
 from infer_core.interfaces.request import Request, RequestStatus
@@ -36,6 +44,7 @@ __all__ = [
     "CachedRequestData",
     "Communicator",
     "DecodingPolicy",
+    "EngineDeadError",
     "Executor",
     "KVAllocator",
     "KVStats",
@@ -44,11 +53,14 @@ __all__ = [
     "ParallelContext",
     "ParallelStrategy",
     "PendingOutput",
+    "PluginError",
     "PluginSettings",
     "PrefixHit",
     "Quantizer",
+    "RankWorker",
     "ReadyOutput",
     "Request",
+    "RequestError",
     "RequestStatus",
     "RequestUpdate",
     "RunnerOutput",
@@ -60,4 +72,5 @@ __all__ = [
     "SchedulerStats",
     "SingleRankCommunicator",
     "TokenLogprobs",
+    "WorkerFactory",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from infer_core.interfaces.context import RuntimeComponent
 
@@ -65,6 +65,58 @@ class ParallelContext:
         return ParallelContext(0, 1, SingleRankCommunicator())
 
 
+class RankWorker(Protocol):
+    """One rank's model runner in its process: what an Executor calls on every rank.
+
+    The core's implementation is ``infer_core.runner.worker.Worker``; a strategy gets it only as the
+    ``worker_factory`` of :meth:`ParallelStrategy.create_executor`. ``collective_rpc`` may call any
+    other public method of it by name.
+    """
+
+    def start(self) -> int:
+        """``load_model`` then ``profile_num_blocks`` (for an executor of one rank)."""
+
+    def load_model(self) -> None:
+        """Build this rank's shard of the model and load its weights (no collectives)."""
+
+    def profile_num_blocks(self) -> int:
+        """KV blocks this rank can hold (on CUDA after a profiling step: collectives on every rank)."""
+
+    def init_kv_cache(self, num_blocks: int) -> None:
+        """Allocate ``num_blocks`` KV blocks on this rank."""
+
+    def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
+        """Run one step on this rank and return its sampled tokens."""
+
+    def execute_async(self, scheduler_output: SchedulerOutput) -> PendingOutput:
+        """Launch one step; its tokens are read from the result (or, on a rank > 0, never)."""
+
+    def set_return_logits(self, enabled: bool) -> None:
+        """Attach the logits of sampled positions to every RunnerOutput (tests, accuracy checks)."""
+
+    def hold_gc(self) -> None:
+        """A rank's step loop in a process of its own starts: the garbage collector is set up for a
+        step loop (the start-up heap frozen, young passes rarer) until ``release_gc``, as the engine's
+        process is while it has requests. Not called for a worker in the engine's process."""
+
+    def release_gc(self) -> None:
+        """The step loop that called ``hold_gc`` ends: the collector is given back as it was."""
+
+    def shutdown(self) -> None:
+        """Free this rank's model, KV cache and CUDA graphs (before its process group is left)."""
+
+
+class WorkerFactory(Protocol):
+    """Builds one rank's worker: ``factory(engine_config, parallel, local_device)``.
+
+    Picklable (a class or a module-level function), since an executor that starts processes sends
+    it to them. ``local_device`` is the CUDA device index on the rank's host (None: ``parallel.rank``).
+    """
+
+    def __call__(self, engine_config: Any, parallel: ParallelContext, local_device: int | None = None) -> RankWorker:
+        ...
+
+
 class Executor(ABC):
     """Runs the model runner on every rank; the engine talks only to this.
 
@@ -114,8 +166,9 @@ class ParallelStrategy(RuntimeComponent, ABC):
         """Ranks per model replica."""
 
     @abstractmethod
-    def create_executor(self, engine_config: Any) -> Executor:
-        """Start the ranks for ``engine_config`` (an ``infer_core.config.EngineConfig``)."""
+    def create_executor(self, engine_config: Any, worker_factory: WorkerFactory) -> Executor:
+        """Start the ranks for ``engine_config`` (an ``infer_core.config.EngineConfig``); each rank
+        runs the worker ``worker_factory`` builds for it."""
 
     def prepare_model(self, model: torch.nn.Module, parallel: ParallelContext) -> None:
         """Replace or wrap the implementation of the built model's layers on this rank (default: nothing).

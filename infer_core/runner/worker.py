@@ -1,4 +1,9 @@
-"""Worker: one rank's process-level setup (device, seeds, plugins) around a ModelRunner."""
+"""Worker: one rank's process-level setup (device, seeds, plugins) around a ModelRunner.
+
+It is what an Executor drives on every rank (``interfaces.RankWorker``); the engine passes the class
+itself to ``ParallelStrategy.create_executor`` as the factory of a rank's worker, so a strategy that
+starts processes sends it to them (a class pickles by name) and never imports this module.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import torch
 from infer_core.config import EngineConfig
 from infer_core.interfaces import ParallelContext, PendingOutput, RunnerOutput, SchedulerOutput
 from infer_core.loader import load_catalog
+from infer_core.runner.gc_policy import STEP_LOOP_GC
 from infer_core.runner.model_runner import ModelRunner
 
 
@@ -45,6 +51,14 @@ class Worker:
     def set_return_logits(self, enabled: bool) -> None:
         """Attach the logits of sampled positions to every RunnerOutput (accuracy checks)."""
         self.runner.return_logits = enabled
+
+    def hold_gc(self) -> None:
+        """A worker rank's step loop starts: set the collector up for it (``runner/gc_policy.py``)."""
+        STEP_LOOP_GC.hold()
+
+    def release_gc(self) -> None:
+        """The step loop that called ``hold_gc`` ends."""
+        STEP_LOOP_GC.release()
 
     def shutdown(self) -> None:
         if self.runner.graphs is not None:

@@ -13,13 +13,13 @@ from __future__ import annotations
 import pytest
 import torch
 from infer_core.interfaces import AttentionLayer, RuntimeContext
+from infer_core.layers.fused.kv_write import write_kv
 from infer_core.layers.fused.qk_norm_rope import qk_norm_rope_inplace
 from infer_core.layers.rotary import RotaryEmbedding
 from infer_core.models.config import RopeConfig, model_config_from_dict
 from infer_core.settings import EngineSettings
 
 from infer_attention_triton.backend import TritonAttentionBackend
-from infer_attention_triton.kv_write import write_kv
 from infer_attention_triton.testing import make_paged_batch
 
 # Qwen3-0.6B and Qwen3-8B: (query heads, kv heads, head_dim)
@@ -97,7 +97,7 @@ def assert_same(two_step, fused, before_cache, num_tokens):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_kernel_stores_what_write_kv_stores(dtype, block_size, device):
-    """The core kernel with the cache against the kernel then this plugin's write_kv (slots -1, padding rows)."""
+    """The core kernel with the cache against the kernel then the backend's write_kv (slots -1, padding rows)."""
     torch.manual_seed(block_size)
     heads, kv_heads, head_dim, num_tokens = 4, 2, 64, 13
     norm_rope = QKNormRope(head_dim, dtype, device)

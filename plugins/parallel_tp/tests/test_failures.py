@@ -47,6 +47,7 @@ def test_worker_killed_between_steps(tiny_checkpoint, assert_no_workers_left):
     with pytest.raises(EngineDeadError):
         llm.generate([[5, 6, 7]], GREEDY, use_tqdm=False)
     llm.shutdown()
+    llm.shutdown()  # a second shutdown does nothing
     assert_no_workers_left()
 
 

@@ -218,6 +218,52 @@ def test_shutdown_with_captured_graphs_returns(tiny_checkpoint, tmp_path):
     assert run.returncode == 0, stderr[-3000:]
 
 
+# In a process of its own: a release that left the group before freeing the graphs, or that did not leave it,
+# would hang or fail here, not the suite. The second engine is never shut down: the interpreter's exit releases it.
+TWO_ENGINES_IN_ONE_PROCESS = textwrap.dedent(
+    """
+    import json, sys
+    from infer_core import LLM, SamplingParams
+
+    def run():
+        llm = LLM(sys.argv[1], device="cuda", dtype="float32", attention="triton", tensor_parallel_size=2,
+                  gpu_memory_utilization=0.5)
+        outputs = llm.generate([[5, 6, 7], list(range(3, 70))], SamplingParams(temperature=0, max_tokens=16,
+                               ignore_eos=True), use_tqdm=False)
+        return llm, llm.engine.executor.worker.runner.graphs is not None, [o.outputs[0].token_ids for o in outputs]
+
+    llm, first_graphs, first = run()
+    pids = list(llm.engine.executor.worker_pids)
+    del llm  # no shutdown: dropping the engine releases its workers, graphs and process group
+    llm, second_graphs, second = run()
+    pids += llm.engine.executor.worker_pids
+    print("RESULT", json.dumps({"graphs": [first_graphs, second_graphs], "same": first == second, "pids": pids}),
+          flush=True)
+    """
+)
+
+
+def test_a_dropped_engine_frees_the_gpus_for_the_next(tiny_checkpoint, tmp_path):
+    script = tmp_path / "two_engines.py"
+    script.write_text(TWO_ENGINES_IN_ONE_PROCESS)
+    run = subprocess.Popen([sys.executable, str(script), str(tiny_checkpoint("qwen3"))], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    lines = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
+    assert run.returncode == 0 and lines, stdout[-2000:] + stderr[-3000:]
+    result = json.loads(lines[0][len("RESULT "):])
+    assert result["graphs"] == [True, True] and result["same"], result
+    for pid in result["pids"]:  # every worker was reaped before the program ended
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert "Traceback" not in stderr, stderr[-3000:]
+
+
 def test_bfloat16_logits_of_a_real_shape_within_2e_2(tmp_path, assert_no_workers_left):
     # Qwen3-0.6B untied, so the LM head is its own vocabulary-parallel matrix
     write_config_checkpoint("Qwen3-0.6B", tmp_path, tie_word_embeddings=False)

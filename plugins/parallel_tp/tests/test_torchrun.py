@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from infer_core import LLM, SamplingParams
 
 PROMPTS = [[5, 6, 7, 8], list(range(3, 70))]
@@ -64,3 +65,18 @@ def test_torchrun_two_ranks_match_one(tiny_checkpoint, tmp_path):
     assert run.returncode == 0, stderr[-3000:]
     (line,) = [x for x in stdout.splitlines() if x.startswith("TOKENS ")]
     assert json.loads(line.removeprefix("TOKENS ")) == expected
+
+
+def test_rank_0_runs_the_infer_command_line(monkeypatch, capsys):
+    """``-m infer_parallel_tp.launch ARGS`` on rank 0 is ``infer ARGS``, reached through the console-script entry
+    point (the plugin imports no core module but the public ones)."""
+    from infer_core import cli
+
+    from infer_parallel_tp import launch
+
+    assert launch.infer_command() is cli.main
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit) as exit_:
+        launch.main(["generate", "--help"])
+    assert exit_.value.code == 0 and "usage: infer generate" in capsys.readouterr().out

@@ -1,25 +1,26 @@
 """The ``flash`` attention backend: flash-attn 2 reading the paged KV cache in place.
 
-Per layer and step: one fused KV write (none when the layer stored k/v itself, ``kv_written=True``),
-one ``flash_attn_with_kvcache`` call for every one-token request, one ``flash_attn_varlen_func``
-call (with ``block_table``) for every other request. No per-request launches, no gathered copies
-of the cache, no host sync in ``forward``, so a decode step can be captured in a CUDA graph.
+Per layer and step: one fused KV write (the core's, ``infer_core.layers.kv_write``; none when the
+layer stored k/v itself, ``kv_written=True``), one ``flash_attn_with_kvcache`` call for every
+one-token request, one ``flash_attn_varlen_func`` call (with ``block_table``) for every other
+request. No per-request launches, no gathered copies of the cache, no host sync in ``forward``, so
+a decode step can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
 
 import torch
-from infer_core.errors import PluginError
 from infer_core.interfaces import (
     AttentionBackend,
     AttentionCapabilities,
     AttentionLayer,
     BatchMetadata,
+    PluginError,
     RuntimeContext,
 )
+from infer_core.layers.kv_write import choose_kv_writer
 
 from infer_attention_flash.capabilities import CAPABILITIES, INSTALL_HINT, validate_context
-from infer_attention_flash.kv_write import choose_kv_writer
 from infer_attention_flash.metadata import FlashMetadata, build_flash_metadata
 
 NO_WINDOW = (-1, -1)

@@ -1,6 +1,7 @@
 """The ``triton`` attention backend: KV write, then one decode and one prefill/extend launch per layer.
 
-The KV write is skipped when the layer stored k/v itself (``forward(..., kv_written=True)``).
+The KV write is the core's kernel (``infer_core.layers.fused.kv_write``, which the flash backend
+uses too); it is skipped when the layer stored k/v itself (``forward(..., kv_written=True)``).
 
 Requests come decode-only first (``BatchMetadata.num_decode_only``), so a mixed step is a
 split-K decode launch over requests ``[0, num_decode_only)`` and a prefill launch over the rest.
@@ -14,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 from infer_core.interfaces import AttentionBackend, AttentionCapabilities, AttentionLayer, BatchMetadata, RuntimeContext
+from infer_core.layers.fused.kv_write import write_kv
 
 from infer_attention_triton.capabilities import CAPABILITIES, validate_context
 from infer_attention_triton.decode import SplitScratch, decode_attention
-from infer_attention_triton.kv_write import write_kv
 from infer_attention_triton.prefill import prefill_attention
 from infer_attention_triton.tiles import PrefillTiles, choose_num_splits, decode_tiles, prefill_tiles
 

@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
-from infer_core.errors import EngineDeadError
+from infer_core.interfaces import EngineDeadError
 
 IDLE_POLL = timedelta(hours=1)  # how long a worker's blocking pop waits before it simply waits again
 

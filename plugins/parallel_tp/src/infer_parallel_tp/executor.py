@@ -6,7 +6,11 @@ The LM head all-gathers the logits, so every rank samples the same tokens and ke
 device: the next step reads a pending token there, and the engine may launch step N+1 before it
 reads step N (overlapped scheduling). Only rank 0's tokens come back; the workers never wait for
 theirs. A worker that dies turns the next step, ``check_health`` or the result in flight into an
-EngineDeadError, and the rest of the ranks are stopped with it.
+EngineDeadError that quotes its last stderr lines, and the rest of the ranks are stopped with it.
+
+What must be let go of (processes, store, rank 0's worker, the process group) is in ``ranks.Ranks``,
+released by ``shutdown()`` or, for an executor nobody shut down, when it is garbage-collected or
+the interpreter exits (``weakref.finalize``): a dropped engine frees the process for the next one.
 """
 
 from __future__ import annotations
@@ -15,32 +19,22 @@ import logging
 import os
 import time
 import traceback
+import weakref
 from typing import Any
 
 import torch.distributed as dist
-from infer_core.errors import EngineDeadError
-from infer_core.interfaces import Executor, PendingOutput, RunnerOutput, SchedulerOutput
+from infer_core.interfaces import EngineDeadError, Executor, PendingOutput, RunnerOutput, SchedulerOutput, WorkerFactory
 
-from infer_parallel_tp.channel import Call, LeaderChannel
-from infer_parallel_tp.group import (
-    COLLECTIVE_TIMEOUT,
-    RankPlacement,
-    backend_for,
-    join_group,
-    leave_group,
-    push_layout_for,
-    release_worker,
-    symm_mem_all_reduce_enabled,
-    torchrun_placement,
-    torchrun_store,
-)
-from infer_parallel_tp.worker_main import INIT, STEP, STOP
+from infer_parallel_tp.channel import Call
+from infer_parallel_tp.group import COLLECTIVE_TIMEOUT, RankPlacement, backend_for, torchrun_placement, torchrun_store
+from infer_parallel_tp.processes import SpawnedWorkers
+from infer_parallel_tp.ranks import Ranks
+from infer_parallel_tp.worker_main import INIT, JOIN, STEP
 
 logger = logging.getLogger(__name__)
 
 LOCALHOST = "127.0.0.1"
 STARTUP_TIMEOUT = 600.0  # a worker that is not up (imports, CUDA context) within this is reported dead
-STOP_TIMEOUT = 10.0  # seconds shutdown waits for workers to exit before killing them
 CRASH_GRACE = 5.0  # after a failed step: how long to wait for a worker's exit to show
 
 
@@ -86,18 +80,14 @@ class TensorParallelExecutor(Executor):
 
     supports_overlap = True  # every rank samples and keeps its sampled ids on its device
 
-    def __init__(self, engine_config: Any, world_size: int) -> None:
-        from infer_core.runner.worker import Worker
-
+    def __init__(self, engine_config: Any, world_size: int, worker_factory: WorkerFactory) -> None:
         self.world_size = world_size
-        self.workers = None
-        self.channel: LeaderChannel | None = None
-        self.worker = None
         self.is_dead = False
         self.is_shut_down = False
-        self._death: str | None = None
+        self._death_message: str | None = None
         backend = backend_for(engine_config.device)
         placement = torchrun_placement(engine_config.device)
+        workers = None
         if placement is not None:  # torchrun started every rank; ranks > 0 run infer_parallel_tp.launch
             if placement.rank != 0 or placement.world_size != world_size:
                 raise EngineDeadError(
@@ -105,85 +95,92 @@ class TensorParallelExecutor(Executor):
                     f"rank {placement.rank} of WORLD_SIZE={placement.world_size}: start every rank with "
                     f"`torchrun ... -m infer_parallel_tp.launch` and --nproc-per-node x --nnodes = tensor_parallel_size"
                 )
-            self.store = torchrun_store(placement)
+            store = torchrun_store(placement)
         else:
             placement = RankPlacement(0, world_size, 0, backend)
             if placement.is_cuda:
                 # A spawned worker's death is handled here (the group is aborted, the engine reports
                 # dead): NCCL's watchdog must clean up, not tear down the engine's (the server's) process.
                 os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
-            self.store = dist.TCPStore(LOCALHOST, 0, None, True, COLLECTIVE_TIMEOUT, wait_for_workers=False)
-            from infer_parallel_tp.processes import SpawnedWorkers
-
+            store = dist.TCPStore(LOCALHOST, 0, None, True, COLLECTIVE_TIMEOUT, wait_for_workers=False)
             others = [RankPlacement(r, world_size, r, backend) for r in range(1, world_size)]
-            self.workers = SpawnedWorkers(others, LOCALHOST, self.store.port)
-        self.placement = placement
-        self.channel = LeaderChannel(self.store, world_size)
+            workers = SpawnedWorkers(others, LOCALHOST, store.port)
+        self.ranks = ranks = Ranks(placement, store, workers)
+        # No reference to self in it: the ranks are released when this executor is collected.
+        self._finalizer = weakref.finalize(self, ranks.close)
         try:
-            self.worker_pids = [
-                self.channel.wait_for(r, self.check_health, STARTUP_TIMEOUT).value for r in self.channel.worker_ranks
-            ]
-            self.channel.send(Call(INIT, (engine_config,)))  # every rank joins the group, then builds its Worker
-            self.parallel = join_group(
-                placement, self.store, enable_symm_mem=symm_mem_all_reduce_enabled(engine_config.settings),
-                push_layout=push_layout_for(engine_config, world_size),
-            )
-            if self.workers is not None:
-                self.workers.watch(self._on_worker_death)
-            self.worker = Worker(engine_config, self.parallel, placement.local_rank if placement.is_cuda else None)
-            self.channel.collect(self.check_health)
+            channel = ranks.channel
+            self.worker_pids = [channel.wait_for(r, self.check_health, STARTUP_TIMEOUT).value
+                                for r in channel.worker_ranks]
+            channel.send(Call(INIT, (engine_config, worker_factory)))
+            # a worker that cannot take the configuration or set up its device is reported now, with its own
+            # error: in the group's rendezvous rank 0 would wait for it until COLLECTIVE_TIMEOUT
+            self._collect()
+            channel.send(Call(JOIN))  # every rank joins the group, then builds its worker
+            ranks.join(engine_config)
+            if workers is not None:
+                workers.watch(ranks.on_worker_death)
+            ranks.worker = worker_factory(engine_config, ranks.parallel,
+                                          placement.local_rank if placement.is_cuda else None)
+            self._collect()
         except BaseException:
             self.shutdown()
             raise
 
+    @property
+    def worker(self):
+        """Rank 0's worker (None once shut down)."""
+        return self.ranks.worker
+
+    @property
+    def parallel(self):
+        """Rank 0's ParallelContext (None once shut down)."""
+        return self.ranks.parallel
+
     # liveness ---------------------------------------------------------------------------------
-
-    def _on_worker_death(self, lines: list[str]) -> None:
-        """From the watch thread: record the death; on NCCL abort the group so no collective waits on it.
-
-        ``lines`` name the ranks whose processes ended (rank, pid, exit code or signal).
-        """
-        self._death = "; ".join(lines or self.workers.failures())
-        logger.error("tensor-parallel worker died: %s", self._death)
-        self._release_waiting_kernels()
-        if self.placement.is_cuda:
-            abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-            if abort is not None:
-                abort()
-
-    def _release_waiting_kernels(self) -> None:
-        """Let rank 0's one-shot all-reduces stop waiting for the workers (which are dead, or about to be killed).
-
-        Unlike NCCL's, the symmetric-memory kernel cannot be aborted: it would wait forever for a dead
-        peer's signal, and with it every later sync of this device (see ``symm_mem``).
-        """
-        parallel = getattr(self, "parallel", None)
-        if parallel is not None and hasattr(parallel.communicator, "on_peer_death"):
-            parallel.communicator.on_peer_death(list(range(1, self.world_size)))
 
     def check_health(self) -> None:
         if self.is_shut_down:
             raise EngineDeadError("the tensor-parallel executor was shut down")
-        failures = self.workers.failures() if self.workers is not None else []
-        if failures or self._death is not None or self.is_dead:
-            self._die("; ".join(failures) or self._death or "an earlier step failed")
+        ranks = self.ranks
+        failures = ranks.workers.failures() if ranks.workers is not None else []
+        if failures or ranks.death is not None or self.is_dead:
+            self._die("; ".join(failures) or ranks.death or "an earlier step failed")
 
     def _die(self, reason: str, cause: BaseException | None = None) -> None:
-        """Stop every rank and raise: the group cannot continue without one of its shards."""
+        """Stop every rank and raise: the group cannot continue without one of its shards.
+
+        The message names how the dead ranks ended and quotes what they last wrote to stderr; it is
+        made once, when the death is found (later, the ranks this stopped have exited too).
+        """
         self.is_dead = True
         _drop_locals(cause)  # its frames would keep the runner, and so its CUDA graphs, alive
-        self._stop_ranks(graceful=False)
-        raise EngineDeadError(f"a tensor-parallel worker died ({reason}); restart the engine") from cause
+        if self._death_message is None:
+            workers = self.ranks.workers
+            words = workers.last_words() if workers is not None else ""
+            self._death_message = (f"a tensor-parallel worker died ({reason}); restart the engine"
+                                   + (f"\n{words}" if words else ""))
+        self.ranks.stop(graceful=False)
+        raise EngineDeadError(self._death_message) from cause
 
     # the Executor contract ---------------------------------------------------------------------
 
-    def _call_all(self, method: str, *args: Any, local=None) -> list[Any]:
+    def _collect(self) -> list[Any]:
+        """Every worker's result of the last call; a worker's failure stops every rank."""
+        try:
+            return self.ranks.channel.collect(self.check_health)
+        except EngineDeadError:
+            self.is_dead = True
+            self.ranks.stop(graceful=False)
+            raise
+
+    def _call_all(self, method: str, *args: Any) -> list[Any]:
         """Run ``method`` on every rank at once (rank 0 here); the results by rank."""
         self.check_health()
-        self.channel.send(Call(method, args))
+        self.ranks.channel.send(Call(method, args))
         try:
-            mine = local() if local is not None else getattr(self.worker, method)(*args)
-            return [mine, *self.channel.collect(self.check_health)]
+            mine = getattr(self.worker, method)(*args)
+            return [mine, *self._collect()]
         except EngineDeadError:
             raise
         except BaseException as e:
@@ -192,11 +189,12 @@ class TensorParallelExecutor(Executor):
 
     def raise_if_a_worker_died(self, error: BaseException) -> None:
         """A failed collective usually means a worker died: wait briefly for its exit to show."""
-        if self.workers is None:
+        workers = self.ranks.workers
+        if workers is None:
             return
         deadline = time.monotonic() + CRASH_GRACE
         while time.monotonic() < deadline:
-            failures = self.workers.failures()
+            failures = workers.failures()
             if failures:
                 self._die("; ".join(failures), error)
             time.sleep(0.05)
@@ -213,7 +211,7 @@ class TensorParallelExecutor(Executor):
     def execute_async(self, scheduler_output: SchedulerOutput) -> PendingOutput:
         """Send the step to every worker, launch it here, and return before its tokens are read."""
         self.check_health()
-        self.channel.send(Call(STEP, (scheduler_output,), reply=False))
+        self.ranks.channel.send(Call(STEP, (scheduler_output,), reply=False))
         try:
             pending = self.worker.execute_async(scheduler_output)
         except BaseException as e:
@@ -228,27 +226,6 @@ class TensorParallelExecutor(Executor):
         return self._call_all(method, *args)
 
     def shutdown(self) -> None:
-        if self.is_shut_down:
-            return
-        self._stop_ranks(graceful=not self.is_dead)
+        """Stop every rank and leave the process group (at once after a failure); a second call does nothing."""
         self.is_shut_down = True
-
-    def _stop_ranks(self, graceful: bool) -> None:
-        if self.workers is not None:
-            self.workers.expect_exit()
-        if graceful and self._death is None and self.channel is not None and dist.is_initialized():
-            try:
-                self.channel.send(Call(STOP))
-            except RuntimeError:  # the store is gone (DistError): the workers exit on their own
-                graceful = False
-        if self.workers is not None and not graceful:
-            self.workers.kill()
-        if not graceful:
-            self._release_waiting_kernels()
-        # Every rank frees its graphs (they hold the NCCL communicator) and leaves the group at the
-        # same time as the others: NCCL's teardown of a communicator waits for its peers, so rank 0
-        # waiting for the workers' exit first would hold them until STOP_TIMEOUT killed them.
-        release_worker(self)
-        leave_group(abort=not graceful)
-        if self.workers is not None and graceful:
-            self.workers.stop(STOP_TIMEOUT)
+        self._finalizer()

@@ -92,7 +92,8 @@ def join_group(placement: RankPlacement, store: dist.Store, *, enable_symm_mem: 
     """
     if dist.is_initialized():
         raise RuntimeError(
-            "a torch.distributed process group already exists in this process; one tensor-parallel engine per process"
+            "a torch.distributed process group already exists in this process; one tensor-parallel engine per "
+            "process: shut the other one down first (llm.shutdown(), or drop every reference to it)"
         )
     if placement.is_cuda:
         torch.cuda.set_device(placement.local_rank)

@@ -7,7 +7,9 @@ The ``infer`` command line on every host::
 
 or a Python program that calls ``run_workers_under_torchrun()`` before it builds its ``LLM``.
 Ranks > 0 ignore the arguments: rank 0 sends them the engine's configuration once it has
-resolved it, so every rank runs the same model with the same settings.
+resolved it, so every rank runs the same model with the same settings. Rank 0 runs the ``infer``
+command line, found through its console-script entry point (this plugin imports no core module
+but the public ones).
 """
 
 from __future__ import annotations
@@ -15,6 +17,19 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
+from importlib.metadata import entry_points
+
+COMMAND = "infer"  # the console script of infer-core whose command line rank 0 runs
+
+
+def infer_command() -> Callable[[list[str] | None], int]:
+    """The ``main(argv)`` of the ``infer`` command line, through its console-script entry point."""
+    found = list(entry_points(group="console_scripts", name=COMMAND))
+    if not found:
+        raise RuntimeError(f"no `{COMMAND}` console script is installed in this environment; install infer-core "
+                           f"(pip install -e .) in the Python that torchrun runs ({sys.executable})")
+    return found[0].load()
 
 
 def run_workers_under_torchrun() -> None:
@@ -40,9 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     run_workers_under_torchrun()
-    from infer_core.cli import main as infer_main
-
-    return infer_main(sys.argv[1:] if argv is None else argv)
+    return infer_command()(sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from infer_core.interfaces import ParallelContext, ParallelStrategy, RuntimeContext
+from infer_core.interfaces import ParallelContext, ParallelStrategy, RuntimeContext, WorkerFactory
 
 
 def split_problems(ctx: RuntimeContext, world_size: int) -> list[str]:
@@ -59,10 +59,10 @@ class TensorParallelStrategy(ParallelStrategy):
     def world_size(self) -> int:
         return self.ctx.settings.tensor_parallel_size
 
-    def create_executor(self, engine_config: Any):
+    def create_executor(self, engine_config: Any, worker_factory: WorkerFactory):
         from infer_parallel_tp.executor import TensorParallelExecutor
 
-        return TensorParallelExecutor(engine_config, self.world_size)
+        return TensorParallelExecutor(engine_config, self.world_size, worker_factory)
 
     def prepare_model(self, model: Any, parallel: ParallelContext) -> None:
         """Where the group set up push sites, replace the embedding and the row-parallel layers that can push

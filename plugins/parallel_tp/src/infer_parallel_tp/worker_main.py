@@ -1,8 +1,11 @@
-"""The loop of every rank but 0: receive a call from rank 0, run it on this rank's Worker, repeat.
+"""The loop of every rank but 0: receive a call from rank 0, run it on this rank's worker, repeat.
 
-Spawned by the engine (``spawn_entry``), or started by torchrun for ranks > 0 (see ``launch``).
-Any failure ends the process: a rank in an unknown state must not take part in collectives;
-rank 0 sees the exit and reports the engine dead.
+Spawned by the engine (``spawn_main``), or started by torchrun for ranks > 0 (see ``launch``).
+Rank 0 sends, with INIT, the engine's configuration and the factory of a rank's worker
+(``interfaces.WorkerFactory``: the core's ``Worker`` class, pickled by name), so this plugin builds
+the core's worker without importing it. Any failure ends the process: a rank in an unknown state
+must not take part in collectives; rank 0 sees the exit and reports the engine dead, quoting what
+this rank last wrote to stderr.
 
 A step (``STEP``) is launched and not waited for: its sampled tokens stay on this rank's device,
 where the next step reads its pending tokens, and nobody reads them on the host. This rank's host
@@ -14,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 import traceback
@@ -22,10 +24,11 @@ from dataclasses import replace
 
 import torch
 import torch.distributed as dist
-from infer_core.engine.gc_policy import STEP_LOOP_GC
+from infer_core.interfaces import WorkerFactory
 
 from infer_parallel_tp.channel import WorkerChannel
 from infer_parallel_tp.group import (
+    COLLECTIVE_TIMEOUT,
     RankPlacement,
     backend_for,
     join_group,
@@ -38,7 +41,8 @@ from infer_parallel_tp.group import (
 logger = logging.getLogger(__name__)
 
 STOP = "stop"
-INIT = "init"
+INIT = "init"  # take the engine's configuration and the worker factory, get ready to join the group
+JOIN = "join"  # join the process group with every other rank, then build this rank's worker
 STEP = "step"  # launch one SchedulerOutput; no reply
 
 
@@ -51,26 +55,35 @@ def _exit_with_parent(parent_pid: int) -> None:
 
 
 class RankLoop:
-    """This rank's Worker, driven by the calls rank 0 sends."""
+    """This rank's worker, driven by the calls rank 0 sends."""
 
     def __init__(self, placement: RankPlacement, channel: WorkerChannel) -> None:
         self.placement = placement
         self.channel = channel
         self.worker = None
+        self.config = None
+        self.worker_factory: WorkerFactory | None = None
 
-    def _init(self, store: dist.Store, config) -> None:
-        """Join the group with the engine's device, then build this rank's Worker."""
-        from infer_core.runner.worker import Worker
-
+    def _init(self, config, worker_factory: WorkerFactory) -> None:
+        """Take the engine's configuration and set up this rank's device: a rank that cannot is reported
+        before the others wait for it in the group's rendezvous, which no death interrupts."""
+        self.config, self.worker_factory = config, worker_factory
         self.placement = replace(self.placement, backend=backend_for(config.device))
-        if not self.placement.is_cuda:
+        if self.placement.is_cuda:
+            torch.cuda.set_device(self.placement.local_rank)
+        else:
             torch.set_num_threads(1)  # the ranks share the host's cores
+
+    def _join(self, store: dist.Store) -> None:
+        """Join the group with the engine's device, then build this rank's worker."""
+        config = self.config
         parallel = join_group(self.placement, store, enable_symm_mem=symm_mem_all_reduce_enabled(config.settings),
                               push_layout=push_layout_for(config, self.placement.world_size))
-        self.worker = Worker(config, parallel, self.placement.local_rank if self.placement.is_cuda else None)
+        local_device = self.placement.local_rank if self.placement.is_cuda else None
+        self.worker = self.worker_factory(config, parallel, local_device)
 
     def run(self, store: dist.Store) -> int:
-        self.channel.reply(True, os.getpid())  # up: rank 0 sends INIT once every rank is
+        self.channel.reply(True, os.getpid())  # up: rank 0 sends INIT once every rank is, JOIN once every rank took it
         failed, holds_gc = True, False
         try:
             while True:
@@ -84,10 +97,12 @@ class RankLoop:
                     if call.method == STEP:
                         self.worker.execute_async(*call.args)  # the result is never read on this rank
                     elif call.method == INIT:
-                        self._init(store, *call.args)
+                        self._init(*call.args)
+                    elif call.method == JOIN:
+                        self._join(store)
                         # a worker rank serves steps from here to STOP: its start-up heap is frozen, as rank 0's
                         # is while its engine is busy (a full GC pass here would stall every rank at a collective)
-                        STEP_LOOP_GC.hold()
+                        self.worker.hold_gc()
                         holds_gc = True
                     else:
                         result = getattr(self.worker, call.method)(*call.args)
@@ -104,20 +119,22 @@ class RankLoop:
             return 1
         finally:
             if holds_gc:
-                STEP_LOOP_GC.release()
+                self.worker.release_gc()
             release_worker(self)  # its CUDA graphs hold the NCCL communicator
             leave_group(abort=failed)
 
 
-def spawn_entry(placement: RankPlacement, host: str, port: int, parent_pid: int) -> None:
-    """Target of a spawned worker process: connect to rank 0's store and serve calls."""
-    logging.basicConfig(level=logging.INFO, format=f"[tp rank {placement.rank}] %(levelname)s %(name)s: %(message)s")
-    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
-    from infer_parallel_tp.group import COLLECTIVE_TIMEOUT
+def spawn_main(argv: list[str]) -> int:
+    """A spawned worker (``processes.ENTRY``): connect to rank 0's store and serve calls; the exit code.
 
-    store = dist.TCPStore(host, port, None, False, COLLECTIVE_TIMEOUT)
-    code = RankLoop(placement, WorkerChannel(store, placement.rank)).run(store)
-    sys.exit(code)
+    ``argv``: rank, world size, local rank, backend, store host, store port, the engine's pid.
+    """
+    rank, world_size, local_rank, backend, host, port, parent_pid = argv
+    placement = RankPlacement(int(rank), int(world_size), int(local_rank), backend)
+    logging.basicConfig(level=logging.INFO, format=f"[tp rank {placement.rank}] %(levelname)s %(name)s: %(message)s")
+    threading.Thread(target=_exit_with_parent, args=(int(parent_pid),), daemon=True).start()
+    store = dist.TCPStore(host, int(port), None, False, COLLECTIVE_TIMEOUT)
+    return RankLoop(placement, WorkerChannel(store, placement.rank)).run(store)
 
 
 def torchrun_entry() -> int:

@@ -1,6 +1,8 @@
-"""Public: scatter a step's new K/V into the paged cache, one launch for every token and head.
+"""Scatter a step's new K/V into the paged cache, one launch for every token and head.
 
-``write_kv`` is imported by other plugins (the flash backend), so its signature is kept stable.
+The attention backends that keep the standard paged layout (the Triton and flash plugins) write
+with this kernel; ``layers/kv_write.py`` holds the torch write of the same layout and chooses
+between the two. Plugins import ``write_kv``, so its signature is kept stable.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from infer_core.layers.fused import use_pdl
 from infer_core.layers.fused.pdl import pdl_enter
 

@@ -14,7 +14,9 @@ run, 0.26 s on a CPU). So while any engine has requests in progress:
   young pass every step or two and so the promotions that lead to the full passes.
 
 When the last busy engine goes idle both are undone, and cyclic garbage from before is collected
-again. The collector is one per process, so its holders are counted in one object per process. A
+again. The collector is one per process, so its holders are counted in one object per process.
+A worker rank in a process of its own (tensor parallelism) serves steps from its start to its stop,
+so it holds the collector that whole time (``Worker.hold_gc``). A
 collector somebody disabled (or set to threshold 0) is left alone: that program manages it. A heap
 somebody froze before is frozen further while busy and, since CPython has one permanent generation
 and cannot unfreeze part of it, unfrozen with ours at idle: freezing only spares collection passes,
