@@ -23,6 +23,7 @@ from infer_core.interfaces import SchedulerOutput
 from infer_core.layers.sampler import sample
 from infer_core.runner.inputs import build_step_inputs
 from infer_core.runner.sampling_inputs import build_sampling_batch
+from infer_core.runner.warmup import dummy_output
 
 GiB = 2**30
 HEAVY = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, repetition_penalty=1.1, logprobs=20)
@@ -46,7 +47,7 @@ def peak(label: str, fn: Callable):
 
 def prompts_step(runner, lengths: list[int], num_computed: int = 0) -> SchedulerOutput:
     """New requests of ``lengths`` tokens (the runner's own dummy step); each computes what follows ``num_computed``."""
-    output, _ = runner._dummy_output(lengths, SamplingParams(temperature=0))
+    output, _ = dummy_output(lengths, SamplingParams(temperature=0), runner.config.block_size)
     for i, new in enumerate(output.new_requests):
         output.new_requests[i] = replace(new, num_computed_tokens=num_computed)
         output.num_scheduled_tokens[new.request_id] = len(new.token_ids) - num_computed

@@ -12,7 +12,14 @@ import torch
 
 from infer_core import LLM, SamplingParams
 from infer_core.interfaces import CachedRequestData, NewRequestData, SchedulerOutput
-from infer_core.runner.cuda_graphs import capture_sizes, prefill_capture_sizes
+from infer_core.runner.cuda_graphs import (
+    CudaGraphRunner,
+    _Graph,
+    capture_sizes,
+    forward_step,
+    graph_for,
+    prefill_capture_sizes,
+)
 from infer_core.runner.inputs import StepBuffers, build_step_inputs
 from infer_core.runner.state import RequestTable
 from infer_core.testing import LogitsRecorder, write_config_checkpoint
@@ -129,6 +136,111 @@ def test_request_rows_are_reused_and_grow():
     table.apply(SchedulerOutput(new_requests=[NewRequestData("x", [9], 1, SamplingParams(), [3], 0)]))
     assert table["x"].row not in {table[f"r{i}"].row for i in (0, 2, 3, 4)}
     assert np.array_equal(table.token_ids[table["r4"].row, :3], [4, 4, 4])
+
+
+class _Replayed:
+    """A captured graph's stand-in on the CPU (no CUDA graph can be captured here): counts its replays.
+    What the dispatch does with a graph's output is under test, not the graph."""
+
+    def __init__(self, replays: list, name: str) -> None:
+        self.replays, self.name = replays, name
+
+    def replay(self) -> None:
+        self.replays.append(self.name)
+
+
+def _dispatch_setup(vocab: int = 11):
+    """A CudaGraphRunner over CPU buffers with decode graphs 1, 2, 4, 8, prefill graphs 16, 32 and an
+    argmax graph per decode size, each graph's output a distinct tensor; and the replay log."""
+    buffers = StepBuffers(64, 8, 8, torch.device("cpu"), pad_block=50)
+    graphs = CudaGraphRunner(buffers, 4, 64, capture_sizes(8), prefill_capture_sizes(32))
+    replays: list[str] = []
+    for size in graphs.sizes:
+        logits = torch.arange(size * vocab, dtype=torch.float32).view(size, vocab) + 1000 * size
+        graphs.graphs[size] = _Graph(_Replayed(replays, f"decode {size}"), logits, None)
+        graphs.argmax_graphs[size] = _Graph(_Replayed(replays, f"argmax {size}"), logits.argmax(-1), None)
+    for size in graphs.prefill_sizes:
+        graphs.prefill_graphs[size] = _Graph(_Replayed(replays, f"prefill {size}"), torch.full((1, vocab), size * 1.0),
+                                             None)
+    return buffers, graphs, replays
+
+
+def test_graph_for_picks_the_graph_a_step_is_padded_for():
+    _, graphs, _ = _dispatch_setup()
+    decodes = SchedulerOutput(num_scheduled_tokens={"a": 1, "b": 1, "c": 1})
+    assert graph_for(graphs, decodes) == (4, None)
+    assert graph_for(None, decodes) == (None, None)  # no graphs (CPU, enforce_eager): eager
+    assert graph_for(graphs, SchedulerOutput(num_scheduled_tokens={f"r{i}": 1 for i in range(9)})) == (None, None)
+    drafted = SchedulerOutput(num_scheduled_tokens={"a": 1, "b": 1}, spec_token_ids={"a": [5]})
+    assert graph_for(graphs, drafted) == (None, None)  # no graph holds draft tokens
+    assert graph_for(graphs, SchedulerOutput(num_scheduled_tokens={"p": 20})) == (None, 32)
+    assert graph_for(graphs, SchedulerOutput(num_scheduled_tokens={"p": 33})) == (None, None)  # past the largest
+    assert graph_for(graphs, SchedulerOutput(num_scheduled_tokens={"p": 5, "a": 1})) == (None, None)  # mixed
+
+
+def test_forward_step_replays_the_chosen_graph_or_runs_eagerly():
+    """One dispatch: a decode graph's first rows (or the sampled rows of its output), a prefill graph's
+    one row (nothing when the chunk stops short of the prompt's end), else the eager forward."""
+    block_size = 4
+    buffers, graphs, replays = _dispatch_setup()
+    eager_calls = []
+
+    class Eager:
+        def forward_eager(self, inputs):
+            eager_calls.append(inputs)
+            return torch.zeros(len(inputs.sample_rows), 11)
+
+    eager = Eager()
+
+    table = RequestTable()
+    output = _decode_step(table, [3, 9, 4], block_size)
+    size, _ = graph_for(graphs, output)
+    inputs = build_step_inputs(output, table, block_size, torch.device("cpu"), buffers, size)
+    assert (inputs.decode_graph, inputs.prefill_graph) == (4, None)
+    logits = forward_step(inputs, graphs, eager)
+    assert replays == ["decode 4"] and not eager_calls
+    assert torch.equal(logits, graphs.graphs[4].logits[:3]) and logits.data_ptr() == graphs.graphs[4].logits.data_ptr()
+    copied = forward_step(inputs, graphs, eager, copy_logits=True)  # outlives the next replay
+    assert torch.equal(copied, logits) and copied.data_ptr() != logits.data_ptr()
+
+    # a one-token prompt chunk that does not reach its prompt's end samples nothing: the other rows only
+    replays.clear()
+    step = SchedulerOutput(num_scheduled_tokens={"d": 1, "c": 1})
+    step.new_requests.append(NewRequestData("d", [5, 6, 7], 2, SamplingParams(), [0], 2))
+    step.new_requests.append(NewRequestData("c", [1, 2, 3, 4], 4, SamplingParams(), [1], 1))
+    table = RequestTable()
+    table.apply(step)
+    inputs = build_step_inputs(step, table, block_size, torch.device("cpu"), buffers, graph_for(graphs, step)[0])
+    assert inputs.decode_graph == 2 and inputs.sample_rows == [0]
+    assert torch.equal(forward_step(inputs, graphs, eager), graphs.graphs[2].logits[:1]) and replays == ["decode 2"]
+
+    replays.clear()
+    table = RequestTable()
+    chunk = SchedulerOutput(num_scheduled_tokens={"p": 6})
+    chunk.new_requests.append(NewRequestData("p", list(range(10, 22)), 12, SamplingParams(), [7, 8, 9], 3))
+    table.apply(chunk)
+    _, tokens = graph_for(graphs, chunk)
+    inputs = build_step_inputs(chunk, table, block_size, torch.device("cpu"), buffers, padded_num_tokens=tokens)
+    assert (inputs.decode_graph, inputs.prefill_graph) == (None, 16) and inputs.sample_rows == []
+    assert forward_step(inputs, graphs, eager) is None and replays == ["prefill 16"]  # KV written, nothing sampled
+    last = SchedulerOutput(cached_requests=[CachedRequestData("p", [], [], 9)], num_scheduled_tokens={"p": 3})
+    table.apply(last)
+    inputs = build_step_inputs(last, table, block_size, torch.device("cpu"), buffers,
+                               padded_num_tokens=graph_for(graphs, last)[1])
+    assert inputs.sample_rows == [0]
+    assert torch.equal(forward_step(inputs, graphs, eager), torch.full((1, 11), 16.0)) and not eager_calls
+
+    replays.clear()
+    mixed = SchedulerOutput(num_scheduled_tokens={"x": 3, "y": 1})
+    mixed.new_requests.append(NewRequestData("x", [1, 2, 3], 3, SamplingParams(), [0], 0))
+    mixed.new_requests.append(NewRequestData("y", [4, 5], 2, SamplingParams(), [1], 1))
+    table = RequestTable()
+    table.apply(mixed)
+    assert graph_for(graphs, mixed) == (None, None)
+    inputs = build_step_inputs(mixed, table, block_size, torch.device("cpu"), buffers)
+    assert forward_step(inputs, graphs, eager).shape == (2, 11)
+    assert eager_calls == [inputs] and not replays
+    assert graphs.replay_argmax(4) is graphs.argmax_graphs[4].logits and replays == ["argmax 4"]
 
 
 # --- on a GPU ----------------------------------------------------------------------------------

@@ -1,15 +1,28 @@
-"""Engine: the step loop that the offline API and the server both drive.
+"""Engine: the step loop that ``LLM`` (llm.py) and the server (engine/async_engine.py) drive.
 
-``add_request`` tokenizes and admits (or refuses) a request; ``step`` runs one scheduled forward
-pass and returns the outputs that progressed; ``abort`` ends a request and frees its KV blocks.
+A request's path; each invariant is stated once, beside the module that keeps it:
 
-With overlapped scheduling (``async_scheduling``, where executor, scheduler and decoding policy
-allow it) ``step`` launches step N+1 before it reads step N's tokens: the host's scheduling, input
-preparation and output processing then run while the device computes. A request that stopped in
-step N has one more token computed in step N+1, which is dropped.
+1. ``Engine.add_request`` (here): tokenize; n child ``Request``s to the scheduler, their parent to the outputs.
+2. ``scheduler.schedule`` (builtin/scheduler_fcfs.py): token budget, KV blocks (builtin/kv_paged.py),
+   preemption -> ``SchedulerOutput``. Only the scheduler moves a request's ``num_computed_tokens``.
+3. ``executor.execute_async`` (builtin/parallel_single.py, or a parallel plugin's): the SchedulerOutput to
+   every rank's runner/worker.py -> ``ModelRunner.execute_async`` (runner/model_runner.py), which
+   a. prepares: runner/state.py (the runner's copy of a request changes only by SchedulerOutputs),
+      runner/inputs.py (the flat batch, decodes first; a graph's padding writes only the pad KV block);
+   b. forwards: ``forward_step`` (runner/cuda_graphs.py), one dispatch: decode graph, prefill graph or eager;
+   c. samples: runner/sampling_inputs.py + layers/sampler.py, or a greedy batch's argmax graph; the ids'
+      copy to the host (runner/step_output.py) -> ``PendingOutput``, whose ``result()`` is a ``RunnerOutput``.
+4. ``decoding.accept`` (builtin/decoding_standard.py, or a speculative plugin's): the tokens each request keeps.
+5. ``scheduler.update``: appends them; at EOS, a stop token or max_tokens a request ends, its blocks freed.
+6. ``outputs.process`` (engine/output_processor.py, engine/detokenizer.py) -> ``RequestOutput``s: text that
+   never splits a UTF-8 character nor shows part of a stop string (one found ends the request).
 
-While it has requests in progress the engine keeps Python's garbage collector off the heap that
-existed when they began (``runner/gc_policy.py``): a full pass over it stalled a step by 0.25 s.
+Overlapped scheduling (``async_scheduling``, where executor, scheduler and decoding policy allow it):
+``step`` launches step N+1 before it reads step N's tokens (one launched step stays unread between calls);
+a token step N sampled is pending in N+1, its id read on the device (``ModelRunner._prepare``). A request that
+stopped in step N has one more token computed in N+1, which is dropped. A failure mid-step leaves the
+engine dead (``step``). While requests are in progress the garbage collector leaves the heap that
+existed when they began alone (runner/gc_policy.py).
 """
 
 from __future__ import annotations

@@ -1,21 +1,23 @@
-"""CUDA graphs for decode-only steps: captured once at start, replayed instead of ~10 launches per layer.
+"""CUDA graphs of a step's forward, and the one place that picks graph or eager for a step.
 
-A decode step's shapes depend only on the batch size, so one graph per size (1, 2, 4, 8, then
-every 8 up to ``max_num_seqs``) covers every decode step: a batch is padded to the next captured
-size with dummy one-token requests that read and write only a spare "pad" KV block. The graphs
-read their inputs from the runner's persistent ``StepBuffers`` and share one memory pool
+Decode graphs: a decode step's shapes depend only on the batch size, so one graph per size (1, 2,
+4, 8, then every 8 up to ``max_num_seqs``) covers every decode step: a batch is padded to the next
+captured size with dummy one-token requests that read and write only a spare "pad" KV block. The
+graphs read their inputs from the runner's persistent ``StepBuffers`` and share one memory pool
 (captured largest first, so the smaller ones fit inside the largest's allocations).
 
-A step of one request's prompt chunk (a batch-1 prefill: time to first token) is otherwise some
-250 launches from Python, ~20 ms of host time for ~1 ms of GPU work. Prefill graphs hold one
-request of 16, 32, 64, ... tokens: a chunk is padded with tokens of no request (they write only
-the pad block), the attention reads the request's real lengths on the device, and the graph
-computes the logits of the one sampled position only. Backends opt in
+Prefill graphs: a step of one request's prompt chunk (a batch-1 prefill: time to first token) is
+otherwise hundreds of launches from Python, which cost the host more than the GPU spends on them.
+Prefill graphs hold one request of 16, 32, 64, ... tokens: a chunk is padded with tokens of no
+request (they write only the pad block), the attention reads the request's real lengths on the
+device, and the graph computes the logits of the one sampled position only. Backends opt in
 (``supports_prefill_cuda_graphs``).
 
-A greedy decode batch needs only each row's argmax of those logits: a small graph per decode size
-holds that argmax too (``replay_argmax``), since launching the Triton kernel from Python cost the
-H100 machine's host ~150 us a step, at batch 1 a sixth of the step.
+Argmax graphs: a greedy decode batch needs only each row's argmax of those logits, so a small graph
+per decode size holds that argmax too (``replay_argmax``): no sampler launch from Python.
+
+A step meets them in two calls: ``graph_for`` (while its inputs are prepared: the graph its batch
+is padded for) and ``forward_step`` (that graph's replay, or the model run eagerly).
 """
 
 from __future__ import annotations
@@ -25,13 +27,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from infer_core.interfaces import BatchMetadata
-from infer_core.runner.inputs import StepBuffers
+from infer_core.interfaces import BatchMetadata, SchedulerOutput
+from infer_core.runner.inputs import StepBuffers, StepInputs
 
 logger = logging.getLogger(__name__)
 
@@ -181,6 +183,49 @@ class CudaGraphRunner:
         entry = self.prefill_graphs[size]
         entry.graph.replay()
         return entry.logits
+
+
+def graph_for(graphs: CudaGraphRunner | None, output: SchedulerOutput) -> tuple[int | None, int | None]:
+    """(decode graph's batch size, prefill graph's token count) of the graph that runs the step ``output``
+    schedules: at most one is set; (None, None): the step runs eagerly. A decode graph holds steps of
+    one-token requests only, a prefill graph one request's chunk; neither holds draft tokens."""
+    if graphs is None or output.spec_token_ids:
+        return None, None
+    scheduled = output.num_scheduled_tokens
+    if all(n == 1 for n in scheduled.values()):
+        return graphs.padded_size(len(scheduled)), None
+    if len(scheduled) == 1:  # one request's prompt chunk
+        return None, graphs.padded_prefill_size(next(iter(scheduled.values())))
+    return None, None
+
+
+class EagerForward(Protocol):
+    def forward_eager(self, inputs: StepInputs) -> torch.Tensor | None:
+        """The model run from Python on ``inputs``: the logits of the sampled rows (None: no row samples)."""
+
+
+def forward_step(inputs: StepInputs, graphs: CudaGraphRunner | None, eager: EagerForward,
+                 copy_logits: bool = False) -> torch.Tensor | None:
+    """Run the step's forward: the replay of the graph its inputs are padded for (``inputs.decode_graph``
+    or ``inputs.prefill_graph``, from ``graph_for``), else ``eager.forward_eager(inputs)`` (the runner
+    passes itself: no callable is bound per step). Returns the logits of the sampled rows, one per
+    ``inputs.sample_rows`` entry; None when no row samples or this rank does not sample. A graph's
+    logits are its output buffer, rewritten by its next replay; ``copy_logits`` (tests, accuracy
+    checks) returns a copy of those rows instead."""
+    if inputs.decode_graph is not None:
+        logits = graphs.replay(inputs.decode_graph)
+        if logits is None:  # a rank that does not sample
+            return None
+        num_reqs = len(inputs.request_ids)
+        if len(inputs.sample_rows) == num_reqs:  # every request samples its one row: the output's first rows
+            return logits[:num_reqs].clone() if copy_logits else logits[:num_reqs]
+        return logits.index_select(0, inputs.logits_indices)  # a one-token chunk short of its prompt's end
+    if inputs.prefill_graph is not None:
+        logits = graphs.replay_prefill(inputs.prefill_graph)  # the KV writes happen whether it samples or not
+        if not inputs.sample_rows:
+            return None
+        return logits.clone() if copy_logits and logits is not None else logits
+    return eager.forward_eager(inputs)
 
 
 def _smallest_holding(sizes: list[int], captured: dict[int, _Graph], n: int) -> int | None:

@@ -30,6 +30,9 @@ class StepInputs:
     logits_indices: torch.Tensor  # int32: flat-batch index of every position whose logits are sampled
     sample_rows: list[int]  # batch index of the request each sampled position belongs to
     padded_num_tokens: int  # rows of the padded batch (== num_tokens when not padded for a graph)
+    # The CUDA graph the batch is padded for (at most one is set; neither: the step runs eagerly):
+    decode_graph: int | None = None  # a decode graph's batch size (``padded_num_reqs``)
+    prefill_graph: int | None = None  # a prefill graph's token count (``padded_num_tokens``)
     # Tokens sampled by the previous step and not known on the host: ``input_ids[pending_dst]``
     # must be set to ``previous_sampled[pending_src]`` on the device before the forward.
     pending_dst: torch.Tensor | None = None  # int32 flat-batch indices
@@ -213,6 +216,8 @@ def build_step_inputs(
         logits_indices=d["logits_indices"][:num_samples],
         sample_rows=sample_rows.tolist(),
         padded_num_tokens=padded_tokens,
+        decode_graph=padded_num_reqs,
+        prefill_graph=padded_num_tokens,
         pending_dst=d["pending_dst"][: len(pending_reqs)] if len(pending_reqs) else None,
         pending_src=d["pending_src"][: len(pending_reqs)] if len(pending_reqs) else None,
         pending_prefix=pending_prefix,

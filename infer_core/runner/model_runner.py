@@ -1,4 +1,19 @@
-"""ModelRunner: builds the model on this rank, owns its KV cache, and runs one step at a time."""
+"""ModelRunner: builds the model on this rank, owns its KV cache, and runs one step at a time.
+
+A step (``execute_async``) runs in three stages, each one method:
+
+1. ``_prepare``: the request table takes the scheduler's changes; ``build_step_inputs`` (inputs.py)
+   writes the flat batch into persistent buffers, padded for the CUDA graph ``graph_for`` picks;
+   tokens the previous step sampled that the host has not seen yet are copied in on the device.
+2. forward: ``forward_step`` (cuda_graphs.py) replays that graph or calls ``forward_eager``, and
+   gives the logits of the rows that sample.
+3. ``_sample``: the sampling batch (sampling_inputs.py) and the sampler, or a greedy decode batch's
+   argmax graph; the ids start their copy to the host (step_output.py) and stay on the device for
+   the next step's pending tokens.
+
+Start-up's dummy steps (the memory profile that sizes the KV cache, the kernel warm-up) are in
+warmup.py.
+"""
 
 from __future__ import annotations
 
@@ -10,39 +25,26 @@ import numpy as np
 import torch
 
 from infer_core.config import EngineConfig
-from infer_core.interfaces import (
-    NewRequestData,
-    ParallelContext,
-    PendingOutput,
-    ReadyOutput,
-    RunnerOutput,
-    SchedulerOutput,
-)
+from infer_core.interfaces import ParallelContext, PendingOutput, ReadyOutput, RunnerOutput, SchedulerOutput
 from infer_core.layers import fused
-from infer_core.layers.sampler import (
-    SamplerOutput,
-    SamplingBatch,
-    fused_kernels,
-    greedy_argmax,
-    sample,
-    takes_argmax,
-)
+from infer_core.layers.sampler import SamplerOutput, greedy_argmax, sample, takes_argmax
 from infer_core.loader import Catalog
 from infer_core.models.build import BuildContext
 from infer_core.models.weights import load_model_weights
 from infer_core.profiling import step_range
-from infer_core.runner.cuda_graphs import CudaGraphRunner, capture_sizes, prefill_capture_sizes
-from infer_core.runner.inputs import StepBuffers, build_step_inputs
-from infer_core.runner.kv_cache import (
-    allocate_kv_caches,
-    block_bytes,
-    cpu_num_blocks,
-    cuda_num_blocks,
+from infer_core.runner.cuda_graphs import (
+    CudaGraphRunner,
+    capture_sizes,
+    forward_step,
+    graph_for,
+    prefill_capture_sizes,
 )
+from infer_core.runner.inputs import StepBuffers, StepInputs, build_step_inputs
+from infer_core.runner.kv_cache import allocate_kv_caches, block_bytes
 from infer_core.runner.sampling_inputs import build_sampling_batch, to_device
 from infer_core.runner.state import RequestState, RequestTable
 from infer_core.runner.step_output import HostSlots, SampledStep
-from infer_core.sampling_params import SamplingParams
+from infer_core.runner.warmup import profile_num_blocks, warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +52,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 class ModelRunner:
+    """One rank's model, KV cache, step buffers and CUDA graphs; ``execute_async`` runs a step."""
+
     def __init__(self, config: EngineConfig, parallel: ParallelContext, device: torch.device, catalog: Catalog) -> None:
         self.config = config
         self.parallel = parallel
@@ -101,92 +105,8 @@ class ModelRunner:
         return block_bytes(m.num_layers, self.config.block_size, self.num_kv_heads, m.head_dim, self.dtype)
 
     def profile_num_blocks(self) -> int:
-        """KV blocks that fit on this rank (after a max-size dummy step on CUDA)."""
-        s = self.config.settings
-        max_useful = s.max_num_seqs * -(-self.config.max_model_len // self.config.block_size)
-        if self.device.type != "cuda":
-            return cpu_num_blocks(s.kv_cache_gb, self.bytes_per_block(), max_useful)
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.device)
-        self._dummy_step()
-        torch.cuda.synchronize(self.device)
-        torch.cuda.empty_cache()
-        # A captured decode batch of max_num_seqs tokens needs about that share of the profiled
-        # activations (which are for max_num_batched_tokens tokens).
-        graph_tokens = max([s.max_num_seqs, *self._prefill_graph_sizes()])
-        graph_share = min(1.0, graph_tokens / s.max_num_batched_tokens) if self.uses_cuda_graphs() else 0.0
-        return cuda_num_blocks(s.gpu_memory_utilization, s.kv_cache_gb, self.bytes_per_block(), self.device,
-                               max_useful, graph_share)
-
-    def _dummy_step(self) -> None:
-        """One forward + sampling at the largest step the scheduler may produce.
-
-        The batch holds the longest prefill chunk that fits next to ``max_num_seqs - 1`` one-token
-        requests, and every row samples with top-k, top-p, penalties and 20 logprobs: the peak of
-        both the forward pass and the sampler.
-        """
-        s = self.config.settings
-        num_reqs = max(1, min(s.max_num_seqs, s.max_num_batched_tokens))
-        longest = max(1, min(s.max_num_batched_tokens - (num_reqs - 1), self.config.max_model_len - 1))
-        per_req = [longest] + [1] * (num_reqs - 1)
-        params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, repetition_penalty=1.1, logprobs=20)
-        output, num_blocks = self._dummy_output(per_req, params)
-        self.kv_caches = allocate_kv_caches(self.config.model.num_layers, num_blocks, self.config.block_size,
-                                            self.num_kv_heads, self.config.model.head_dim, self.dtype, self.device)
-        self.execute(output)
-        self.requests.clear()
-        self.kv_caches = []
-
-    def _dummy_output(self, per_req: list[int], params: SamplingParams) -> tuple[SchedulerOutput, int]:
-        """A step of new requests with ``per_req`` prompt tokens each, on blocks 0, 1, ...; and the
-        number of blocks it uses."""
-        block_size = self.config.block_size
-        output = SchedulerOutput()
-        next_block = 0
-        for i, n in enumerate(per_req):
-            num_blocks = -(-n // block_size)
-            ids = list(range(next_block, next_block + num_blocks))
-            next_block += num_blocks
-            rid = f"dummy-{i}"
-            output.new_requests.append(NewRequestData(rid, [0] * n, n, params, ids, 0))
-            output.num_scheduled_tokens[rid] = n
-        return output, next_block
-
-    def _warm_up_kernels(self) -> None:
-        """Compile the kernels' other shape variants now rather than in the first requests' steps.
-
-        Triton specialises integer arguments on divisibility by 16 (and on 1), and the profiling
-        step and the graph capture use only such sizes; a mixed step of odd sizes and small
-        sampled batches (top-k/top-p at 3 rows, plain temperature at 1) covers the rest.
-        """
-        start = time.perf_counter()
-        for per_req, params in (([19, 1, 1], SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05)),
-                                ([5], SamplingParams(temperature=0.6))):
-            output, _ = self._dummy_output(per_req, params)
-            self.execute(output)  # writes only into blocks no request holds yet
-            self.requests.clear()
-        self._warm_up_sampler()
-        torch.cuda.synchronize(self.device)
-        logger.info("warmed up kernels for odd step sizes and the sampler's batch sizes in %.1f s",
-                    time.perf_counter() - start)
-
-    def _warm_up_sampler(self) -> None:
-        """Compile the sampler's kernels for every launch plan a batch of 1..max_num_seqs rows meets:
-        greedy, one temperature for all rows (requests sharing a SamplingParams) and a temperature
-        per row (each request its own, as the server and ``LLM.generate`` with a list make them).
-        Otherwise the first steps at each new batch size compile them, ~1 s each, mid-run."""
-        kernels = fused_kernels()
-        if kernels is None:
-            return
-        vocab_size = self.config.model.vocab_size
-        generator = torch.Generator(device=self.device).manual_seed(0)  # the runner's stream stays as it was
-        for num_rows in kernels.row_counts_per_plan(self.config.settings.max_num_seqs, vocab_size, self.device):
-            logits = torch.randn(num_rows, vocab_size, device=self.device).to(self.dtype)
-            per_row = torch.full((num_rows,), 0.7, dtype=torch.float32, device=self.device)
-            for batch in (SamplingBatch(temperature=None, all_greedy=True),
-                          SamplingBatch(temperature=0.7, all_greedy=False, generator=generator),
-                          SamplingBatch(temperature=per_row, all_greedy=False, generator=generator)):
-                sample(logits, batch)
+        """KV blocks that fit on this rank (after a max-size dummy step on CUDA: runner/warmup.py)."""
+        return profile_num_blocks(self)
 
     def init_kv_cache(self, num_blocks: int) -> None:
         """Allocate ``num_blocks`` KV blocks (plus the pad block padded graph rows write to), the
@@ -201,12 +121,12 @@ class ModelRunner:
             self.host_slots = HostSlots(max_num_tokens, torch.cuda.current_stream(self.device))
         if self.uses_cuda_graphs():
             self.graphs = CudaGraphRunner(self.buffers, self.config.block_size, self.config.max_model_len,
-                                          capture_sizes(s.max_num_seqs), self._prefill_graph_sizes())
+                                          capture_sizes(s.max_num_seqs), self.prefill_graph_sizes())
             with torch.inference_mode():
                 self.graphs.capture(self.attention.build_metadata, self._forward_logits, self._forward_sampled,
                                     greedy_argmax)
         if self.device.type == "cuda":
-            self._warm_up_kernels()
+            warm_up(self)
 
     def uses_cuda_graphs(self) -> bool:
         if self.device.type != "cuda" or self.config.settings.enforce_eager:
@@ -217,7 +137,7 @@ class ModelRunner:
             return False
         return True
 
-    def _prefill_graph_sizes(self) -> list[int]:
+    def prefill_graph_sizes(self) -> list[int]:
         """Token counts of the one-request prefill graphs: none where the backend does not support them,
         and with several ranks (their collectives in such graphs are not measured yet)."""
         if (not self.uses_cuda_graphs() or self.parallel.world_size > 1
@@ -231,7 +151,7 @@ class ModelRunner:
 
     def _forward_sampled(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata,
                          logits_indices: torch.Tensor) -> torch.Tensor | None:
-        """Logits of the rows ``logits_indices`` names (what an eager step and a prefill graph compute)."""
+        """Logits of the rows ``logits_indices`` names (what a captured prefill step computes)."""
         hidden = self.model(input_ids, positions, self.kv_caches, metadata)
         return self.model.compute_logits(hidden.index_select(0, logits_indices))
 
@@ -244,7 +164,7 @@ class ModelRunner:
         """Launch one step; its sampled tokens reach the host while the caller does other work."""
         if self.device.type != "cpu":
             return self._execute(output)
-        # Denormal activations (seen in GGUF-dequantized models) make CPU kernels ~10x slower;
+        # Denormal activations (seen in GGUF-dequantized models) make CPU kernels many times slower;
         # flushing them to zero changes nothing measurable. Only for our step: the thread's mode
         # is put back to IEEE behaviour afterwards.
         torch.set_flush_denormal(True)
@@ -253,58 +173,49 @@ class ModelRunner:
         finally:
             torch.set_flush_denormal(False)
 
-    def _graph_sizes(self, output: SchedulerOutput) -> tuple[int | None, int | None]:
-        """(decode graph's batch size, prefill graph's token count) the step replays at; at most one is
-        set, (None, None): run it eagerly."""
-        if self.graphs is None or output.spec_token_ids:
-            return None, None
-        scheduled = output.num_scheduled_tokens
-        if all(n == 1 for n in scheduled.values()):
-            return self.graphs.padded_size(len(scheduled)), None
-        if len(scheduled) == 1:  # one request's prompt chunk
-            return None, self.graphs.padded_prefill_size(next(iter(scheduled.values())))
-        return None, None
-
     def _execute(self, output: SchedulerOutput) -> PendingOutput:
+        """One step in three stages: prepare its inputs, run its forward (a graph or eager), sample."""
         with step_range("infer.prepare_inputs"):
-            self.requests.apply(output)
-            if output.is_empty:
-                return ReadyOutput(RunnerOutput())
-            graph_size, prefill_size = self._graph_sizes(output)
-            inputs = build_step_inputs(output, self.requests, self.config.block_size, self.device, self.buffers,
-                                       graph_size, self.last_sample_rows, prefill_size)
-            if inputs.pending_prefix:  # steady decode: the previous step's ids, in order, are the first inputs
-                inputs.input_ids[: inputs.pending_prefix].copy_(self.last_sampled[: inputs.pending_prefix])
-            elif inputs.pending_dst is not None:
-                pending_ids = self.last_sampled.index_select(0, inputs.pending_src).to(inputs.input_ids.dtype)
-                inputs.input_ids.index_put_((inputs.pending_dst,), pending_ids)
+            inputs = self._prepare(output)
+        if inputs is None:
+            return ReadyOutput(RunnerOutput())
         with step_range("infer.forward"):
-            if graph_size is not None:
-                logits = self.graphs.replay(graph_size)
-                if logits is not None:
-                    num_reqs = len(inputs.request_ids)
-                    if len(inputs.sample_rows) == num_reqs:
-                        # Every request samples its one row: the graph output's first rows, read before
-                        # the next replay rewrites them (copied only for return_logits).
-                        logits = logits[:num_reqs].clone() if self.return_logits else logits[:num_reqs]
-                    else:  # a one-token prompt chunk that does not reach the prompt's end samples nothing
-                        logits = logits.index_select(0, inputs.logits_indices)
-            elif prefill_size is not None:
-                logits = self.graphs.replay_prefill(prefill_size)  # the KV writes happen whether it samples or not
-                if not inputs.sample_rows:
-                    logits = None
-                elif self.return_logits and logits is not None:
-                    logits = logits.clone()
-            else:
-                metadata = self.attention.build_metadata(inputs.metadata)
-                hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, metadata)
-                logits = None
-                if inputs.sample_rows:
-                    logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
+            logits = forward_step(inputs, self.graphs, self, self.return_logits)
         if logits is None:  # nothing to sample
             self.last_sampled, self.last_sample_rows = None, {}
             return ReadyOutput(RunnerOutput(inputs.request_ids, [[] for _ in inputs.request_ids],
                                             [None for _ in inputs.request_ids]))
+        return self._sample(inputs, logits)
+
+    def _prepare(self, output: SchedulerOutput) -> StepInputs | None:
+        """Stage 1: the request table brought up to date and the step's inputs in the persistent buffers,
+        padded for the CUDA graph that will run it; the tokens the previous step sampled and the host has
+        not seen (overlapped scheduling) are placed from its sampled ids, on the device. None: an empty step."""
+        self.requests.apply(output)
+        if output.is_empty:
+            return None
+        decode_graph, prefill_graph = graph_for(self.graphs, output)
+        inputs = build_step_inputs(output, self.requests, self.config.block_size, self.device, self.buffers,
+                                   decode_graph, self.last_sample_rows, prefill_graph)
+        if inputs.pending_prefix:  # steady decode: the previous step's ids, in order, are the first inputs
+            inputs.input_ids[: inputs.pending_prefix].copy_(self.last_sampled[: inputs.pending_prefix])
+        elif inputs.pending_dst is not None:
+            pending_ids = self.last_sampled.index_select(0, inputs.pending_src).to(inputs.input_ids.dtype)
+            inputs.input_ids.index_put_((inputs.pending_dst,), pending_ids)
+        return inputs
+
+    def forward_eager(self, inputs: StepInputs) -> torch.Tensor | None:
+        """Stage 2 where no graph holds the step: the model run from Python; the logits of the sampled
+        rows (None: no row samples, and the LM head does not run)."""
+        metadata = self.attention.build_metadata(inputs.metadata)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, metadata)
+        if not inputs.sample_rows:
+            return None
+        return self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
+
+    def _sample(self, inputs: StepInputs, logits: torch.Tensor) -> SampledStep:
+        """Stage 3: a token per sampled row, on its way to the host. A greedy decode batch replays its
+        decode graph's argmax graph instead of launching the sampler."""
         with step_range("infer.sample"):
             sampled_ids = [inputs.request_ids[row] for row in inputs.sample_rows]
             states = [self.requests[rid] for rid in sampled_ids]
@@ -313,9 +224,9 @@ class ModelRunner:
                                          pending=functools.partial(self._pending_ids, states, sampled_ids,
                                                                    self.last_sampled, self.last_sample_rows))
             greedy_ids = None
-            if graph_size is not None and len(inputs.sample_rows) == len(inputs.request_ids) \
+            if inputs.decode_graph is not None and len(inputs.sample_rows) == len(inputs.request_ids) \
                     and takes_argmax(batch, logits):  # the decode graph's argmax, replayed: no launch from here
-                greedy_ids = self.graphs.replay_argmax(graph_size)
+                greedy_ids = self.graphs.replay_argmax(inputs.decode_graph)
             if greedy_ids is not None:
                 # A view of the argmax graph's output, which shares the graphs' memory pool: it holds until
                 # another graph replays. The next step reads it before replaying (the pending placement);

@@ -3,9 +3,9 @@
 The sampled ids (and logprobs, when asked for) are copied into pinned host memory without
 blocking, and an event marks when the copy is done: the engine reads the result only after it has
 started the next step, so the host's work and the device's overlap. The ids go into one of a few
-pinned buffers reused round-robin (``HostSlots``), each with its own event: a new pinned tensor, a
-new event and a lookup of the current stream every step cost the H100 machine's slow host some
-tens of microseconds a step, at batch 1 a few percent of it.
+pinned buffers reused round-robin (``HostSlots``), each with its own event, rather than a new
+pinned tensor, a new event and a lookup of the current stream every step: at batch 1 those are a
+visible share of the host's time per step.
 """
 
 from __future__ import annotations
