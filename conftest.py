@@ -37,3 +37,22 @@ def triton_on_cpu(monkeypatch):
     from infer_core.layers import fused
 
     monkeypatch.setattr(fused, "TRITON_DEVICES", ("cuda", "cpu"))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist's ``--dist loadfile`` (CI's), the files of tests/server/ go to one worker together.
+
+    They share the session's default-model server and offline engine (tests/server/conftest.py);
+    on two workers each would start its own. Every other file is a unit of its own, as loadfile makes it.
+    """
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ServerFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "tests/server/" if scope.startswith("tests/server/") else scope
+
+    return ServerFilesTogether(config, log)

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from infer_core import SamplingParams
-from infer_core.engine.async_engine import AsyncEngine, EngineState
+from infer_core.engine.async_engine import AsyncEngine
+from infer_core.engine.engine_state import EngineState
 from infer_core.engine.engine import Engine
 from infer_core.errors import EngineDeadError, RequestError
 

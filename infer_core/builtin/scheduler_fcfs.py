@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 
+from infer_core.builtin.fcfs_admission import arrival_key, check_admission, enqueue
 from infer_core.errors import RequestError
 from infer_core.interfaces import (
     CachedRequestData,
@@ -30,10 +31,6 @@ from infer_core.interfaces import (
     SchedulerOutput,
     SchedulerStats,
 )
-
-
-def _age(request: Request) -> tuple[float, int]:
-    return (request.arrival_time, request.priority)
 
 
 class FCFSScheduler(Scheduler):
@@ -50,51 +47,14 @@ class FCFSScheduler(Scheduler):
         # after the next step is planned, when an id may already name a new request (abort + re-add).
         self._planned: dict[int, dict[str, Request]] = {}
 
-    # admission -----------------------------------------------------------------------------
-
-    def max_slots(self, request: Request) -> int:
-        """The most KV slots the request can ever hold (its allocations are capped at this).
-
-        The last sampled token ends the request before its K/V is written, so it needs no slot.
-        """
-        limit = min(request.num_prompt_tokens + request.max_tokens, self.config.max_model_len)
-        return limit - 1 + self.config.num_lookahead_tokens
-
-    def check_admission(self, request: Request) -> None:
-        """Refuse what could never be served, with the arithmetic in the message."""
-        max_len = self.config.max_model_len
-        prompt = request.num_prompt_tokens
-        if prompt == 0:
-            raise RequestError("the prompt is empty; send at least one token", param="prompt")
-        if prompt >= max_len:
-            raise RequestError(
-                f"the prompt has {prompt} tokens but max_model_len is {max_len}: it leaves no room to generate; "
-                f"shorten the prompt or raise max_model_len",
-                code="context_length_exceeded", param="prompt",
-            )
-        total = self.max_slots(request)
-        blocks = self.kv_allocator.num_blocks_for(total)
-        if blocks > self.kv_allocator.num_blocks:
-            lookahead = ", speculative lookahead included" if self.config.num_lookahead_tokens else ""
-            raise RequestError(
-                f"the request needs {blocks} KV blocks ({prompt} prompt + {request.max_tokens} max_tokens tokens at "
-                f"{self.kv_allocator.block_size} tokens per block) but the KV pool holds only "
-                f"{self.kv_allocator.num_blocks} blocks ({total} tokens need a slot: the last token never does"
-                f"{lookahead}); lower max_tokens, or give the KV cache more memory "
-                f"(num_kv_blocks, kv_cache_gb, gpu_memory_utilization)",
-                code="kv_cache_exceeded", param="max_tokens",
-            )
+    # admission (its checks and queue order: fcfs_admission) ------------------------------------
 
     def add(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise RequestError(f"request id {request.request_id!r} is already in use", param="request_id")
-        self.check_admission(request)
+        check_admission(request, self.config, self.kv_allocator)
         self.requests[request.request_id] = request
-        # Arrival order; equal arrival times are ordered by priority (lower first).
-        index = len(self.waiting)
-        while index and _age(self.waiting[index - 1]) > _age(request):
-            index -= 1
-        self.waiting.insert(index, request)
+        enqueue(self.waiting, request)
 
     # scheduling ----------------------------------------------------------------------------
 
@@ -161,7 +121,7 @@ class FCFSScheduler(Scheduler):
                 num_new, drafts = self._num_new_tokens(request, budget)
                 if num_new == 0:
                     continue
-            # min() written out: this loop runs once per running request every step.
+            # fcfs_admission.max_slots, min() written out: this loop runs once per running request every step.
             max_slots = request.num_prompt_tokens + request.max_tokens
             if max_slots > max_model_len:
                 max_slots = max_model_len
@@ -220,7 +180,7 @@ class FCFSScheduler(Scheduler):
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = prefix.num_tokens
                 request.first_scheduled_time = time.monotonic()
-            bisect.insort(self.running, request, key=_age)
+            bisect.insort(self.running, request, key=arrival_key)
             out.new_requests.append(NewRequestData(
                 request.request_id, list(request.all_token_ids), request.num_prompt_tokens,
                 request.sampling_params, allocator.block_ids(request.request_id), request.num_computed_tokens,

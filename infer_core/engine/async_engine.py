@@ -4,22 +4,24 @@ The Engine is single-threaded by design. The server's event loop must stay free 
 stream while a step runs, so the engine lives on one background thread that alternates between
 applying queued commands (add, abort) and running ``Engine.step()``; outputs travel back to the
 event loop with ``call_soon_threadsafe``. Nothing but that thread touches the Engine.
+Its lifecycle states and published snapshot are in ``engine_state``; a request's output stream
+is in ``request_stream``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import enum
 import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from infer_core.engine.engine import Engine
+from infer_core.engine.engine_state import EngineSnapshot, EngineState
+from infer_core.engine.request_stream import RequestStream, deliver
 from infer_core.errors import EngineDeadError
 from infer_core.outputs import RequestOutput
 from infer_core.sampling_params import SamplingParams
@@ -28,50 +30,6 @@ logger = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.25  # how often an idle engine thread wakes to check its executor's health
 STALL_AFTER_S = 120.0  # a step running longer than this with work pending counts as "not making progress"
-
-
-class EngineState(enum.Enum):
-    LOADING = "loading"
-    READY = "ready"
-    DRAINING = "draining"  # finishing running requests; new ones are refused
-    DEAD = "dead"  # failed to load, or a step failed: every request is refused
-    STOPPED = "stopped"
-
-
-@dataclass(frozen=True, slots=True)
-class EngineSnapshot:
-    """What the engine thread last published: read by /metrics and admission without a lock."""
-
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_usage: float = 0.0
-    num_preemptions: int = 0
-    prefix_queried_tokens: int = 0
-    prefix_hit_tokens: int = 0
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    finished: dict[str, int] = field(default_factory=dict)
-
-
-class RequestStream:
-    """The outputs of one request, in order; iteration ends after the finished output."""
-
-    def __init__(self, request_id: str) -> None:
-        self.request_id = request_id
-        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        self.finished = False
-
-    def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[RequestOutput]:
-        while not self.finished:
-            item = await self.queue.get()
-            if isinstance(item, BaseException):
-                self.finished = True
-                raise item
-            self.finished = item.finished
-            yield item
 
 
 @dataclass(slots=True)
@@ -278,7 +236,7 @@ class AsyncEngine:
             if output.finished:
                 del self._streams[output.request_id]
         if deliveries:
-            self._loop.call_soon_threadsafe(_deliver, deliveries)
+            self._loop.call_soon_threadsafe(deliver, deliveries)
 
     def _publish(self) -> None:
         engine = self.engine
@@ -294,7 +252,7 @@ class AsyncEngine:
         streams, self._streams = list(self._streams.values()), {}
         error = EngineDeadError(f"the engine stopped after an error: {reason}")
         if streams and self._loop is not None:
-            self._loop.call_soon_threadsafe(_deliver, [(s, error) for s in streams])
+            self._loop.call_soon_threadsafe(deliver, [(s, error) for s in streams])
         self._fail_pending_adds(error)
 
     def _fail_pending_adds(self, error: BaseException) -> None:
@@ -320,7 +278,3 @@ class AsyncEngine:
         except Exception:
             logger.exception("engine shutdown failed")
 
-
-def _deliver(deliveries: list[tuple[RequestStream, Any]]) -> None:
-    for stream, item in deliveries:
-        stream.queue.put_nowait(item)

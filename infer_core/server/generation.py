@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from infer_core.engine.async_engine import RequestStream
+from infer_core.engine.request_stream import RequestStream
 from infer_core.errors import EngineDeadError, RequestError
 from infer_core.outputs import RequestOutput
 from infer_core.sampling_params import SamplingParams

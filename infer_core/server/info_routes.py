@@ -7,7 +7,7 @@ from dataclasses import asdict
 from litestar import Request, Response, get, post
 
 from infer_core.config import KINDS
-from infer_core.engine.async_engine import EngineState
+from infer_core.engine.engine_state import EngineState
 from infer_core.plugins_report import collect_status
 from infer_core.server.errors import OpenAIError, bad_request
 from infer_core.server.http import parse_body

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Histogram, disable_created_metr
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from infer_core.engine.async_engine import EngineSnapshot
+from infer_core.engine.engine_state import EngineSnapshot
 from infer_core.outputs import RequestOutput
 
 disable_created_metrics()  # no *_created series, as vLLM: they double the scrape for no use

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infer_core.engine.async_engine import AsyncEngine, EngineState
+from infer_core.engine.async_engine import AsyncEngine
 from infer_core.engine.engine import Engine
+from infer_core.engine.engine_state import EngineState
 from infer_core.loader import assemble
 from infer_core.models.source import DEFAULT_MODEL_NAME
 from infer_core.server.errors import OpenAIError, bad_request

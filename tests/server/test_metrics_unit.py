@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from infer_core.engine.async_engine import EngineSnapshot
+from infer_core.engine.engine_state import EngineSnapshot
 from infer_core.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from infer_core.server.metrics import ServerMetrics
 
