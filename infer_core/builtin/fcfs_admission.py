@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from infer_core.errors import RequestError
+from infer_core.interfaces import RequestError
 from infer_core.interfaces import KVAllocator, Request, SchedulerConfig
 
 

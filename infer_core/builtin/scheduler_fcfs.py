@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from infer_core.builtin.fcfs_admission import arrival_key, check_admission, enqueue
-from infer_core.errors import RequestError
+from infer_core.interfaces import RequestError
 from infer_core.interfaces import (
     CachedRequestData,
     NewRequestData,

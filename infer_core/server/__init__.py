@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server (Litestar): routes, request and response schemas, errors, metrics."""
