@@ -31,8 +31,7 @@ from infer_core.bench.workload import NUM_WORKLOAD_PROMPTS, WORKLOAD_MAX_LEN, WO
 
 BENCHMARK = "offline-throughput"
 PEERS = ("hf-generate-batch", "floor")
-# HF continuous batching ran 64 requests x 1024 new tokens in 148 s on an H100: the first 32
-# requests of the workload (17,085 output tokens) take about a minute.
+# HF continuous batching is slow: by default it runs only the workload's first 32 requests.
 DEFAULT_PEER_NUM_PROMPTS = 32
 
 

@@ -67,11 +67,9 @@ def _dummy_std(name: str, shape: tuple[int, ...], num_layers: int) -> float:
     Chosen so the network is well conditioned at any width, as a trained one is: the token
     embedding at std 1 (the residual stream starts at unit RMS), every other matrix at
     1/sqrt(fan_in) (a unit gain per projection), the residual-stream writers further by
-    1/sqrt(2 x num_layers). A flat N(0, 0.02) gives projections a gain of 0.02 * sqrt(fan_in)
-    (1.3 to 2.2 at hidden 4096), and bfloat16 rounding then grows with the width: measured by
-    benchmarks/tp_accuracy_cpu.py, last-position logits of a 36-layer Qwen3 shape in bfloat16
-    differ from float32 by 1.6% at hidden 512 and 2.2% at 1024 with the flat init, 1.6% at both
-    with this one.
+    1/sqrt(2 x num_layers). A flat N(0, 0.02) gives projections a gain of 0.02 * sqrt(fan_in),
+    above 1 at large widths, and bfloat16 rounding then grows with the width
+    (``benchmarks/tp_accuracy_cpu.py`` compares the two inits).
     """
     if "embed_tokens" in name:
         return 1.0

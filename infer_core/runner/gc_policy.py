@@ -20,8 +20,8 @@ so it holds the collector that whole time (``Worker.hold_gc``). A
 collector somebody disabled (or set to threshold 0) is left alone: that program manages it. A heap
 somebody froze before is frozen further while busy and, since CPython has one permanent generation
 and cannot unfreeze part of it, unfrozen with ours at idle: freezing only spares collection passes,
-so no object's life changes. (On the H100 machine something had frozen 375 objects at start-up;
-standing down for it left the full passes in, 0.26-0.35 s each: ``benchmarks/host_stalls.py``.)
+so no object's life changes (standing down for a heap frozen at start-up would leave the full passes in:
+``benchmarks/host_stalls.py`` measures them).
 """
 
 from __future__ import annotations

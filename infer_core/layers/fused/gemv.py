@@ -11,8 +11,8 @@ The inner product is FMA on CUDA cores: per K tile, one ``[BLOCK_N, BLOCK_K]`` l
 each row m a multiply by ``x[m]`` and a sum over K. Tiles can be as narrow as 4 columns, so N=1024
 still gives 256 programs. Rows are padded to a power of two (the padding repeats the last row and is
 not stored), so one compiled variant serves M=5..8 and the graphs' batch sizes 1, 2, 4, 8 need four.
-A ``tl.dot`` variant for 3..8 rows was measured on an H100 and removed: it was 4 fp16 steps off the
-exact result and slower than cuBLAS at 8 rows. The tiles come from (N, K) alone (no autotuning: it
+A ``tl.dot`` variant for 3..8 rows was removed: it was further from the exact result and slower than
+cuBLAS at 8 rows. The tiles come from (N, K) alone (no autotuning: it
 would run inside graph capture); a GEMV whose x is an RMSNorm's output takes the tiles it also runs
 fused with that norm (``config_after_rms_norm``, ``fused/norm_gemv.py``).
 

@@ -122,7 +122,7 @@ def _tiles(n_cols: int, max_single_pass: int) -> tuple[int, int, bool, int]:
     single = n_cols <= max_single_pass
     block_n = triton.next_power_of_2(n_cols) if single else min(4096, triton.next_power_of_2(max_single_pass))
     block_m = max(1, ROW_ELEMENTS // block_n) if single else 1
-    num_warps = max(1, min(16, block_m * block_n // 1024))  # ~32 elements a thread: best in a sweep on an H200
+    num_warps = max(1, min(16, block_m * block_n // 1024))  # ~32 elements a thread: the best of a sweep
     if block_n >= LARGE_ROW:
         # the norm + GEMV after it (qkv, gate_up of 8B-class models) runs at the norm's warp count
         # (gemv.config_after_rms_norm). At 8, two of its programs fit an SM (about 128 registers a thread);

@@ -88,7 +88,7 @@ class TritonAttentionBackend(AttentionBackend):
 
     def _launch_order(self, md: BatchMetadata, num_splits: int) -> torch.Tensor | None:
         """Longest context first where the decode programs run in several waves; in one wave the order
-        changes nothing and its load would only delay every program (batch 1: ~1 us a layer)."""
+        changes nothing and its load would only delay every program."""
         num_programs = md.num_decode_only * self.num_kv_heads * num_splits
         if md.decode_order is None or num_programs <= WAVES_BEFORE_ORDER * (self._num_sms or 0):
             return None

@@ -36,7 +36,7 @@ def decode_tiles(head_dim: int) -> DecodeTiles:
 
 
 def prefill_tiles(head_dim: int, page_size: int) -> PrefillTiles:
-    """Measured on an H100 (benchmarks/attention.py --sweep, bfloat16, head_dim 128, 8 x 2048 tokens)."""
+    """The fastest of ``benchmarks/attention.py --sweep`` (bfloat16, head_dim 128, 8 x 2048 tokens)."""
     if is_interpreted():
         return PrefillTiles(block_m=16, block_n=16, num_warps=1, num_stages=1)
     if head_dim >= 256:
