@@ -113,9 +113,10 @@ def join_group(placement: RankPlacement, store: dist.Store, *, enable_symm_mem: 
                                                    push_layout=push_layout)
             path = f"{why}, NCCL above" if one_shot is not None else f"NCCL (no symmetric memory: {why})"
             if one_shot is not None and placement.rank == 0:
-                logger.warning("%s=True: a worker that dies in the middle of a step can leave this engine waiting "
-                               "forever (on two H200s the peer-death rescue did not release the one-shot kernel); "
-                               "leave it off where a dead worker must surface as an error", SYMM_MEM_SETTING)
+                logger.warning("%s=True: the one-shot and pushed kernels wait on peers in a way NCCL's abort cannot "
+                               "stop; a worker that dies mid-step is released by this plugin's rescue instead, which "
+                               "is tested less than NCCL's path: leave it off where a dead worker must surface as an "
+                               "error", SYMM_MEM_SETTING)
         else:
             path = f"NCCL ({SYMM_MEM_SETTING}=False)"
         log = logger.info if placement.rank == 0 else logger.debug
