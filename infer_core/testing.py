@@ -170,6 +170,37 @@ class CannotCompile(Exception):
     """No NVIDIA backend or ptxas in this Triton install."""
 
 
+def print_compiled(collect) -> None:
+    """A compile script's ``__main__``: print ``collect()`` as JSON, or the reason and exit 3 where nothing compiles."""
+    import json
+    import sys
+
+    try:
+        print(json.dumps(collect()))
+    except CannotCompile as exc:
+        print(exc)
+        sys.exit(3)
+
+
+def compiled_in_a_process(script: str | Path) -> Any:
+    """Run ``script`` (whose ``__main__`` is :func:`print_compiled`) in a fresh interpreter without Triton's interpreter,
+    and return what it printed; the calling test is skipped where this Triton cannot compile for sm_90."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the runtime's default: set to quiet its warning
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env)
+    if done.returncode == 3:
+        pytest.skip(f"cannot compile for sm_90 here: {done.stdout.strip()}")
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout)
+
+
 def compile_for_sm90(fn, args: dict, constexprs: dict, num_warps: int, num_stages: int) -> dict:
     """``fn``'s code (``asm``: ttgir, ptx, ...) specialised as the JIT would for these arguments (aligned tensors).
 

@@ -16,16 +16,12 @@ The compiling runs in a child process (this file as a script): the test process 
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from infer_core.testing import CannotCompile, compile_for_sm90, float_ops
+from infer_core.testing import compile_for_sm90, compiled_in_a_process, float_ops, print_compiled
 
 triton = pytest.importorskip("triton")
 
@@ -175,13 +171,7 @@ def collect() -> dict:
 
 @pytest.fixture(scope="module")
 def layouts() -> dict:
-    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the runtime's default: set to quiet its warning
-    done = subprocess.run([sys.executable, __file__], capture_output=True, text=True, timeout=600, env=env)
-    if done.returncode == 3:
-        pytest.skip(f"cannot compile for sm_90 here: {done.stdout.strip()}")
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout)
+    return compiled_in_a_process(__file__)
 
 
 def test_fused_sums_have_the_separate_kernels_layouts(layouts):
@@ -215,8 +205,4 @@ def test_l2_prefetch_stands_before_the_wait_and_changes_no_float_instruction(lay
 
 
 if __name__ == "__main__":
-    try:
-        print(json.dumps(collect()))
-    except CannotCompile as exc:
-        print(exc)
-        sys.exit(3)
+    print_compiled(collect)

@@ -10,14 +10,10 @@ the test process may run Triton's interpreter.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from infer_core.testing import CannotCompile, compile_for_sm90, float_ops
+from infer_core.testing import compile_for_sm90, compiled_in_a_process, float_ops, print_compiled
 
 triton = pytest.importorskip("triton")
 
@@ -59,13 +55,7 @@ def ptx_cases() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def cases() -> list[dict]:
-    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the runtime's default: set to quiet its warning
-    done = subprocess.run([sys.executable, __file__], capture_output=True, text=True, timeout=600, env=env)
-    if done.returncode == 3:
-        pytest.skip(f"cannot compile for sm_90 here: {done.stdout.strip()}")
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout)
+    return compiled_in_a_process(__file__)
 
 
 def test_pushing_changes_no_float_instruction(cases):
@@ -81,8 +71,4 @@ def test_pushing_changes_no_float_instruction(cases):
 
 
 if __name__ == "__main__":
-    try:
-        print(json.dumps(ptx_cases()))
-    except CannotCompile as exc:
-        print(exc)
-        sys.exit(3)
+    print_compiled(ptx_cases)
