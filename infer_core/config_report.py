@@ -23,14 +23,14 @@ DEFAULT_RULES = {
 def resolve_defaults(settings: EngineSettings) -> tuple[dict[str, str], str | None]:
     """What each unset rule-chosen setting resolves to here, and why the rest could not be resolved (or None)."""
     from infer_core.loader import choose_names, load_catalog
-    from infer_core.models.source import read_model_config, resolve_model_source
+    from infer_core.models.source import locate_model, read_model_config
     from infer_core.platform import make_runtime_context
 
     resolved: dict[str, str] = {}
     try:
-        source = resolve_model_source(settings.model)
+        source = locate_model(settings.model, settings.load_format, settings.cache_dir)
         if not settings.model:
-            resolved["model"] = f"{source.name} ({source.gguf_path or source.path})"
+            resolved["model"] = f"{source.name} ({source.describe()})"
         ctx = make_runtime_context(settings, read_model_config(source))
         names = choose_names(settings, load_catalog(settings.plugins), ctx)
     except Exception as e:  # show what can be shown; the engine would stop with this error

@@ -224,10 +224,10 @@ class EngineSpec:
 
 def assemble(settings: EngineSettings, catalog: Catalog | None = None) -> EngineSpec:
     """Resolve the model, device, dtype and one implementation of every kind."""
-    from infer_core.models.source import read_generation_eos, read_model_config, resolve_model_source
+    from infer_core.models.source import locate_model, read_generation_eos, read_model_config
 
     catalog = catalog or load_catalog(settings.plugins)
-    source = resolve_model_source(settings.model)
+    source = locate_model(settings.model, settings.load_format, settings.cache_dir)
     model = read_model_config(source)
     ctx = make_runtime_context(settings, model)
     catalog.resolve("model", model.architecture, ctx)

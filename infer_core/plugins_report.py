@@ -36,12 +36,12 @@ def collect_status(catalog: Catalog, ctx: RuntimeContext | None, selected: dict[
 
 def runtime_context(settings_kwargs: dict[str, Any]) -> tuple[Any, Catalog, RuntimeContext | None, str | None]:
     """Settings, catalog and the context of the configured model (None with the reason if unreadable)."""
-    from infer_core.models.source import read_model_config, resolve_model_source
+    from infer_core.models.source import locate_model, read_model_config
 
     settings = load_settings(**settings_kwargs)
     catalog = load_catalog(settings.plugins)
     try:
-        model = read_model_config(resolve_model_source(settings.model))
+        model = read_model_config(locate_model(settings.model, settings.load_format, settings.cache_dir))
     except Exception as e:  # report what can be reported without a model
         return settings, catalog, None, str(e)
     return settings, catalog, make_runtime_context(settings, model), None

@@ -250,3 +250,12 @@ def float_ops(ptx: str) -> list[str]:
             operands = re.sub(r"%[a-z]+\d+", lambda r: names.setdefault(r.group(0), f"v{len(names)}"), m.group(2))
             found.append(f"{m.group(1)} {operands}")
     return found
+
+
+def default_model_tokenizer():
+    """The embedded default model's tokenizer, as an engine on that model loads it: from the
+    model's dequantized cache (written on first use), so a test does not rebuild it from the GGUF."""
+    from infer_core.models.source import locate_model
+    from infer_core.models.tokenizer import load_tokenizer
+
+    return load_tokenizer(locate_model(None))

@@ -87,14 +87,10 @@ def test_abort_frees_blocks_at_once(engine):
 
 def test_runner_bans_every_end_token_while_min_tokens_holds(tmp_path):
     # a model whose config names EOS 7 while its tokenizer's EOS is <|im_end|> (2): both count
-    from transformers import AutoTokenizer
-
-    from infer_core.models.source import default_model_source
-    from infer_core.testing import make_tiny_checkpoint
+    from infer_core.testing import default_model_tokenizer, make_tiny_checkpoint
 
     folder = make_tiny_checkpoint("llama", tmp_path / "m", vocab_size=49152, eos_token_id=7)
-    source = default_model_source()
-    AutoTokenizer.from_pretrained(str(source.path), gguf_file=source.gguf_file).save_pretrained(folder)
+    default_model_tokenizer().save_pretrained(folder)
     engine = Engine.from_settings(model=str(folder), num_kv_blocks=8)
     assert engine.eos_token_ids == {2, 7}
     assert set(engine.executor.worker.runner.config.eos_token_ids) == {2, 7}

@@ -67,12 +67,9 @@ def test_blocks_filled_by_accepted_drafts_are_cached(num_drafts, prompt_len):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from transformers import AutoTokenizer
+    from infer_core.testing import default_model_tokenizer
 
-    from infer_core.models.source import default_model_source
-
-    source = default_model_source()
-    tokenizer = AutoTokenizer.from_pretrained(str(source.path), gguf_file=source.gguf_file)
+    tokenizer = default_model_tokenizer()
     assert backend_decoder(tokenizer) is not None  # the fast decoder, and so the final-only text, is exercised
     return tokenizer
 

@@ -236,12 +236,9 @@ def test_two_busy_engines_keep_the_heap_frozen_until_both_are_idle(llm, tiny_pat
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from transformers import AutoTokenizer
+    from infer_core.testing import default_model_tokenizer
 
-    from infer_core.models.source import default_model_source
-
-    source = default_model_source()
-    return AutoTokenizer.from_pretrained(str(source.path), gguf_file=source.gguf_file)
+    return default_model_tokenizer()
 
 
 def test_a_final_only_sequence_keeps_no_object_per_step(tokenizer):

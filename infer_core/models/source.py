@@ -27,10 +27,17 @@ class ModelSource:
     gguf_file: str | None = None  # file name inside ``path`` when the weights are a GGUF
     name: str = ""  # what clients call the model (served name default)
     is_default: bool = False
+    dequantized_from: Path | None = None  # the GGUF a cached checkpoint folder was written from
 
     @property
     def gguf_path(self) -> Path | None:
         return self.path / self.gguf_file if self.gguf_file else None
+
+    def describe(self) -> str:
+        """Where the weights come from, for logs and ``infer config``."""
+        if self.dequantized_from is not None:
+            return f"{self.path} (the cache of {self.dequantized_from})"
+        return str(self.gguf_path or self.path)
 
 
 def default_model_source() -> ModelSource:
@@ -66,6 +73,30 @@ def resolve_model_source(model: str | None) -> ModelSource:
     return _from_hub(model)
 
 
+def locate_model(model: str | None, load_format: str = "auto", cache_dir: str | None = None) -> ModelSource:
+    """The ``model`` setting's files, the embedded default model's from its dequantized cache.
+
+    The default model is read from ``cache_dir`` (default: ``gguf_cache.default_cache_root()``),
+    written there on its first start, unless ``load_format`` is ``gguf`` (read the GGUF itself).
+    A cache that cannot be written is a warning, and the GGUF is read. Logs where the model comes from.
+    """
+    from infer_core.models import gguf_cache
+
+    source = resolve_model_source(model)
+    if not source.is_default or load_format == "gguf":
+        logger.info("model %s: from %s", source.name, source.describe())
+        return source
+    root = Path(cache_dir).expanduser() if cache_dir else gguf_cache.default_cache_root()
+    try:
+        cached, written = gguf_cache.cached_checkpoint(source, root)
+    except OSError as e:
+        logger.warning("model %s: from %s; its dequantized copy cannot be cached in %s (%s): set "
+                       "INFER_CACHE_DIR to a writable folder", source.name, source.describe(), root, e)
+        return source
+    logger.info("model %s: from %s%s", source.name, cached.describe(), ", written now" if written else "")
+    return cached
+
+
 def _from_hub(repo_id: str) -> ModelSource:
     if repo_id.count("/") != 1:
         raise ModelError(f"model {repo_id!r} is neither a folder, a .gguf file, nor a Hub id (owner/name)")
@@ -84,16 +115,21 @@ def _from_hub(repo_id: str) -> ModelSource:
 
 
 def read_model_config(source: ModelSource) -> ModelConfig:
-    """The ModelConfig of a source: config.json, or the GGUF's metadata through transformers."""
+    """The ModelConfig of a source: config.json, or the GGUF's metadata through transformers.
+
+    The GGUF's metadata is parsed here once; its ``raw`` dictionary (the transformers config)
+    is what the weight reader builds its name map from, so it does not parse the file for it again.
+    """
     if source.gguf_file is None:
         return load_model_config(source.path)
     from transformers import AutoConfig
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     try:
-        hf_config = AutoConfig.from_pretrained(str(source.path), gguf_file=source.gguf_file)
+        metadata = load_gguf_checkpoint(str(source.gguf_path), return_tensors=False)
+        d = AutoConfig.for_model(**metadata["config"]).to_dict()
     except Exception as e:
         raise ModelError(f"cannot read the GGUF metadata of {source.gguf_path}: {e}") from None
-    d = hf_config.to_dict()
     if not d.get("architectures"):
         d["architectures"] = [_architecture_of(d.get("model_type", ""))]
     return model_config_from_dict(d)

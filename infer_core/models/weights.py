@@ -13,6 +13,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from infer_core.errors import ModelError
+from infer_core.models.config import ModelConfig
 from infer_core.models.source import ModelSource
 
 logger = logging.getLogger(__name__)
@@ -40,12 +41,17 @@ def iterate_safetensors(folder: Path, show_progress: bool = True) -> Iterator[tu
                 yield name, f.get_tensor(name)
 
 
-def iterate_gguf(source: ModelSource) -> Iterator[tuple[str, torch.Tensor]]:
-    """Dequantized GGUF tensors under HF names, through transformers' GGUF reader."""
+def iterate_gguf(source: ModelSource, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """Dequantized GGUF tensors under HF names, through transformers' GGUF reader.
+
+    ``config`` is the one ``read_model_config`` read from the same file: its ``raw`` transformers
+    config builds the (meta-device) model whose parameter names the GGUF names map to, so the
+    file's metadata is not parsed a second time for it.
+    """
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    hf_config = AutoConfig.from_pretrained(str(source.path), gguf_file=source.gguf_file)
+    hf_config = AutoConfig.for_model(**config.raw)
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(hf_config)  # names only: maps GGUF -> HF names
     parsed = load_gguf_checkpoint(str(source.gguf_path), return_tensors=True, model_to_load=skeleton)
@@ -119,12 +125,13 @@ def init_dummy_weights(model: nn.Module, seed: int) -> None:
                 del full
 
 
-def load_model_weights(model: nn.Module, source: ModelSource, load_format: str, seed: int) -> None:
+def load_model_weights(model: nn.Module, source: ModelSource, config: ModelConfig, load_format: str,
+                       seed: int) -> None:
     """Fill every parameter of ``model``; a checkpoint that misses one is an error naming it."""
     if load_format == "dummy":
         init_dummy_weights(model, seed)
     else:
-        weights = iterate_gguf(source) if load_format == "gguf" else iterate_safetensors(source.path)
+        weights = iterate_gguf(source, config) if load_format == "gguf" else iterate_safetensors(source.path)
         loaded = model.load_weights(weights)
         missing = sorted(set(dict(model.named_parameters())) - loaded)
         if missing:

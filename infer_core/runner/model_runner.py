@@ -94,7 +94,8 @@ class ModelRunner:
                              self.config.max_model_len)
         with torch.device(self.device):
             model = self.model_class(build)
-        load_model_weights(model, self.config.source, self.config.load_format, self.config.settings.seed)
+        load_model_weights(model, self.config.source, self.config.model, self.config.load_format,
+                           self.config.settings.seed)
         self.strategy.prepare_model(model, self.parallel)
         self.model = model.eval()
         logger.info("model %s loaded on %s (%s, %s) in %.1f s", self.config.model.architecture, self.device,
