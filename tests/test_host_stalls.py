@@ -211,6 +211,15 @@ def test_a_failed_step_releases_the_freeze(tiny_path):
     assert STEP_LOOP_GC.num_holders == 0
 
 
+def test_an_engine_dropped_while_busy_gives_its_hold_back(tiny_path):
+    dropped = LLM(tiny_path, device="cpu", num_kv_blocks=256)
+    dropped.engine.add_request(None, _prompts(1)[0], PARAMS)
+    dropped.engine.step()
+    assert STEP_LOOP_GC.num_holders == 1 and gc.get_freeze_count() > 0
+    del dropped  # with its request unfinished and no shutdown: freed by reference counting
+    assert STEP_LOOP_GC.num_holders == 0 and gc.get_freeze_count() == 0
+
+
 def test_two_busy_engines_keep_the_heap_frozen_until_both_are_idle(llm, tiny_path):
     second = LLM(tiny_path, device="cpu", num_kv_blocks=256)
     short = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -103,7 +104,7 @@ class Engine:
         self.counters = EngineCounters()
         self._ids = itertools.count()
         self.is_dead = False
-        self._holds_gc = False  # in a busy period: the collector is set up for it (runner/gc_policy.py)
+        self._gc_hold: weakref.finalize | None = None  # in a busy period: the collector's set up (runner/gc_policy.py)
 
     @classmethod
     def from_settings(cls, settings: EngineSettings | None = None, **explicit: Any) -> Engine:
@@ -223,9 +224,8 @@ class Engine:
         step with each other, so the engine is then dead: further calls raise EngineDeadError.
         """
         self._check_alive()
-        if not self._holds_gc:
-            STEP_LOOP_GC.hold()  # a busy period starts: GC passes leave what exists now alone
-            self._holds_gc = True
+        if self._gc_hold is None:  # a busy period starts: GC passes leave what exists now alone
+            self._gc_hold = STEP_LOOP_GC.hold_while_alive(self)
         try:
             outputs = self._step()
         except BaseException:
@@ -237,9 +237,9 @@ class Engine:
         return outputs
 
     def _release_gc(self) -> None:
-        if self._holds_gc:
-            self._holds_gc = False
-            STEP_LOOP_GC.release()
+        if self._gc_hold is not None:
+            self._gc_hold, hold = None, self._gc_hold
+            hold()
 
     def _step(self) -> list[RequestOutput]:
         # The named ranges are what `infer bench --profile` splits a step's host time into.

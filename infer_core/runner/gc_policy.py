@@ -14,7 +14,8 @@ run, 0.26 s on a CPU). So while any engine has requests in progress:
   young pass every step or two and so the promotions that lead to the full passes.
 
 When the last busy engine goes idle both are undone, and cyclic garbage from before is collected
-again. The collector is one per process, so its holders are counted in one object per process.
+again. An engine dropped while busy gives its hold back as it is freed (``hold_while_alive``): a
+hold outliving its engine would keep the process's heap frozen for good. The collector is one per process, so its holders are counted in one object per process.
 A worker rank in a process of its own (tensor parallelism) serves steps from its start to its stop,
 so it holds the collector that whole time (``Worker.hold_gc``). A
 collector somebody disabled (or set to threshold 0) is left alone: that program manages it. A heap
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import weakref
 
 YOUNG_THRESHOLD = 10_000  # net new tracked objects before a generation-0 pass, while engines are busy
 
@@ -37,7 +39,7 @@ class StepLoopGC:
 
     def __init__(self, young_threshold: int = YOUNG_THRESHOLD) -> None:
         self.young_threshold = young_threshold
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a release may run from a finalizer during hold()
         self._num_holders = 0
         self._owns = False  # this object froze the heap and set the threshold (and so undoes them)
         self._saved_threshold: tuple[int, int, int] = (0, 0, 0)
@@ -65,6 +67,11 @@ class StepLoopGC:
             self._num_holders += 1
             if self._owns:
                 gc.freeze()
+
+    def hold_while_alive(self, owner: object) -> weakref.finalize:
+        """``hold()`` for ``owner``; the handle returned releases once: when called, or when ``owner`` is freed."""
+        self.hold()
+        return weakref.finalize(owner, self.release)
 
     def release(self) -> None:
         """An engine went idle (or stopped); the last one gives the collector back as it found it."""
