@@ -3,6 +3,9 @@
 GPU tests build engines that each size their KV cache from the GPU's free memory. One whose
 objects are still in a reference cycle when the next test starts would leave that test too little,
 so after every ``gpu`` test the cycles are collected and torch's cached blocks go back to the driver.
+
+An engine left busy by a test file would keep the process's heap frozen (``runner/gc_policy.py``)
+for every file after it on that worker: each file must leave none.
 """
 
 from __future__ import annotations
@@ -23,6 +26,18 @@ def _release_gpu_memory(request):
     if torch.cuda.is_available():
         gc.collect()
         torch.cuda.empty_cache()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_engine_left_busy(request):
+    yield
+    from infer_core.runner.gc_policy import STEP_LOOP_GC
+
+    if STEP_LOOP_GC.num_holders:
+        gc.collect()
+    assert STEP_LOOP_GC.num_holders == 0, (
+        f"{request.node.nodeid} left {STEP_LOOP_GC.num_holders} engine(s) busy (the collector held): finish, "
+        "abort or shut down what it started")
 
 
 @pytest.fixture
