@@ -23,7 +23,8 @@ DEFAULT_RULES = {
 def resolve_defaults(settings: EngineSettings) -> tuple[dict[str, str], str | None]:
     """What each unset rule-chosen setting resolves to here, and why the rest could not be resolved (or None)."""
     from infer_core.loader import choose_names, load_catalog
-    from infer_core.models.source import locate_model, read_model_config
+    from infer_core.models.gguf_cache import locate_model
+    from infer_core.models.source import read_model_config
     from infer_core.platform import make_runtime_context
 
     resolved: dict[str, str] = {}

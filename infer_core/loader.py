@@ -224,7 +224,8 @@ class EngineSpec:
 
 def assemble(settings: EngineSettings, catalog: Catalog | None = None) -> EngineSpec:
     """Resolve the model, device, dtype and one implementation of every kind."""
-    from infer_core.models.source import locate_model, read_generation_eos, read_model_config
+    from infer_core.models.gguf_cache import locate_model
+    from infer_core.models.source import read_generation_eos, read_model_config
 
     catalog = catalog or load_catalog(settings.plugins)
     source = locate_model(settings.model, settings.load_format, settings.cache_dir)

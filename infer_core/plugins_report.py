@@ -36,7 +36,8 @@ def collect_status(catalog: Catalog, ctx: RuntimeContext | None, selected: dict[
 
 def runtime_context(settings_kwargs: dict[str, Any]) -> tuple[Any, Catalog, RuntimeContext | None, str | None]:
     """Settings, catalog and the context of the configured model (None with the reason if unreadable)."""
-    from infer_core.models.source import locate_model, read_model_config
+    from infer_core.models.gguf_cache import locate_model
+    from infer_core.models.source import read_model_config
 
     settings = load_settings(**settings_kwargs)
     catalog = load_catalog(settings.plugins)

@@ -255,7 +255,7 @@ def float_ops(ptx: str) -> list[str]:
 def default_model_tokenizer():
     """The embedded default model's tokenizer, as an engine on that model loads it: from the
     model's dequantized cache (written on first use), so a test does not rebuild it from the GGUF."""
-    from infer_core.models.source import locate_model
+    from infer_core.models.gguf_cache import locate_model
     from infer_core.models.tokenizer import load_tokenizer
 
     return load_tokenizer(locate_model(None))

@@ -14,12 +14,13 @@ import pytest
 
 from infer_core.models import gguf_cache
 from infer_core.models.gguf_cache import MANIFEST, WEIGHTS, cached_checkpoint, entry_problem, gguf_sha256
-from infer_core.models.source import default_model_source, locate_model
+from infer_core.models.gguf_cache import locate_model
+from infer_core.models.source import default_model_source
 
 _START = """
 import logging, sys
 logging.basicConfig(level=logging.INFO, format="%(message)s")
-from infer_core.models.source import locate_model
+from infer_core.models.gguf_cache import locate_model
 print(locate_model(None, "auto", sys.argv[1]).path)
 """
 
@@ -108,7 +109,7 @@ def test_a_broken_or_stale_entry_is_detected(cache, tmp_path, damage):
 
 def test_an_unwritable_cache_reads_the_gguf(tmp_path, caplog):
     (tmp_path / "a-file").write_text("")
-    with caplog.at_level("WARNING", logger="infer_core.models.source"):
+    with caplog.at_level("WARNING", logger="infer_core.models.gguf_cache"):
         source = locate_model(None, "auto", str(tmp_path / "a-file" / "infer"))
     assert source == default_model_source()
     assert "cannot be cached in" in caplog.text and "INFER_CACHE_DIR" in caplog.text

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -28,7 +29,9 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from infer_core.models.source import ModelSource
+from infer_core.models.source import ModelSource, resolve_model_source
+
+logger = logging.getLogger(__name__)
 
 CACHE_FORMAT = 1  # raise when what an entry holds, or how it is laid out, changes
 MANIFEST = "infer-cache.json"  # written last: a folder without it is not an entry
@@ -41,6 +44,28 @@ def default_cache_root() -> Path:
     """``$XDG_CACHE_HOME/infer``, else ``~/.cache/infer``."""
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "infer"
+
+
+def locate_model(model: str | None, load_format: str = "auto", cache_dir: str | None = None) -> ModelSource:
+    """The ``model`` setting's files, the embedded default model's from its dequantized cache.
+
+    The default model is read from ``cache_dir`` (default: ``default_cache_root()``),
+    written there on its first start, unless ``load_format`` is ``gguf`` (read the GGUF itself).
+    A cache that cannot be written is a warning, and the GGUF is read. Logs where the model comes from.
+    """
+    source = resolve_model_source(model)
+    if not source.is_default or load_format == "gguf":
+        logger.info("model %s: from %s", source.name, source.describe())
+        return source
+    root = Path(cache_dir).expanduser() if cache_dir else default_cache_root()
+    try:
+        cached, written = cached_checkpoint(source, root)
+    except OSError as e:
+        logger.warning("model %s: from %s; its dequantized copy cannot be cached in %s (%s): set "
+                       "INFER_CACHE_DIR to a writable folder", source.name, source.describe(), root, e)
+        return source
+    logger.info("model %s: from %s%s", source.name, cached.describe(), ", written now" if written else "")
+    return cached
 
 
 def gguf_sha256(path: Path) -> str:

@@ -73,30 +73,6 @@ def resolve_model_source(model: str | None) -> ModelSource:
     return _from_hub(model)
 
 
-def locate_model(model: str | None, load_format: str = "auto", cache_dir: str | None = None) -> ModelSource:
-    """The ``model`` setting's files, the embedded default model's from its dequantized cache.
-
-    The default model is read from ``cache_dir`` (default: ``gguf_cache.default_cache_root()``),
-    written there on its first start, unless ``load_format`` is ``gguf`` (read the GGUF itself).
-    A cache that cannot be written is a warning, and the GGUF is read. Logs where the model comes from.
-    """
-    from infer_core.models import gguf_cache
-
-    source = resolve_model_source(model)
-    if not source.is_default or load_format == "gguf":
-        logger.info("model %s: from %s", source.name, source.describe())
-        return source
-    root = Path(cache_dir).expanduser() if cache_dir else gguf_cache.default_cache_root()
-    try:
-        cached, written = gguf_cache.cached_checkpoint(source, root)
-    except OSError as e:
-        logger.warning("model %s: from %s; its dequantized copy cannot be cached in %s (%s): set "
-                       "INFER_CACHE_DIR to a writable folder", source.name, source.describe(), root, e)
-        return source
-    logger.info("model %s: from %s%s", source.name, cached.describe(), ", written now" if written else "")
-    return cached
-
-
 def _from_hub(repo_id: str) -> ModelSource:
     if repo_id.count("/") != 1:
         raise ModelError(f"model {repo_id!r} is neither a folder, a .gguf file, nor a Hub id (owner/name)")
