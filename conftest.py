@@ -4,6 +4,10 @@ GPU tests build engines that each size their KV cache from the GPU's free memory
 objects are still in a reference cycle when the next test starts would leave that test too little,
 so after every ``gpu`` test the cycles are collected and torch's cached blocks go back to the driver.
 
+Under pytest-xdist each worker gets its share of the cores for torch's (OpenMP) threads, and
+passes it on to the processes its tests start: two workers of two threads each on two cores spend
+more time spinning on each other than computing.
+
 An engine left busy by a test file would keep the process's heap frozen (``runner/gc_policy.py``)
 for every file after it on that worker: each file must leave none.
 """
@@ -14,6 +18,16 @@ import gc
 import os
 
 import pytest
+
+
+def pytest_configure(config):
+    num_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if num_workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        threads = max(1, len(os.sched_getaffinity(0)) // num_workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(autouse=True)

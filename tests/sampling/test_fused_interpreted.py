@@ -3,7 +3,7 @@
 Each check runs in a subprocess with ``TRITON_INTERPRET=1``: the interpreter must not be switched
 on for the whole core test process (kernels decorated after that would all be interpreted). The
 interpreter is single-threaded Python, so the module starts every selected check up front, one
-process per core at a time, and each test waits for its own check's result.
+process per core at a time (per core of this xdist worker's share), and each test waits for its own check's result.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def interpreted(request):
     """(script, check) -> the future run of every check selected in this module, all submitted at once."""
     selected = [(SCRIPTS[item.originalname], tuple(item.callspec.params["check"]))
                 for item in request.session.items if getattr(item, "module", None) is request.module]
-    pool = ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0)))
+    cores = len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # this worker's
+    pool = ThreadPoolExecutor(max_workers=max(1, cores))
     runs: dict[tuple[Path, tuple[str, ...]], Future] = {key: pool.submit(_run_interpreted, *key) for key in selected}
     yield lambda script, check: runs.get((script, tuple(check))) or pool.submit(_run_interpreted, script, tuple(check))
     pool.shutdown(wait=True, cancel_futures=True)
