@@ -182,11 +182,13 @@ def _moe_from_dict(d: dict[str, Any], num_layers: int) -> MoEConfig | None:
     model_type = d.get("model_type")
     if model_type not in MOE_MODEL_TYPES:
         return None
+    # Mixtral's name for the expert count; Qwen's is num_experts (transformers 5 writes either under the other)
+    num_experts = int(d["num_local_experts"] if "num_local_experts" in d else d["num_experts"])
     if model_type == "mixtral":  # every layer sparse, experts of intermediate_size, always renormalised
-        moe = MoEConfig(int(d["num_local_experts"]), int(d["num_experts_per_tok"]), int(d["intermediate_size"]),
+        moe = MoEConfig(num_experts, int(d["num_experts_per_tok"]), int(d["intermediate_size"]),
                         True, (True,) * num_layers)
     else:
-        num_experts, step = int(d["num_experts"]), int(d.get("decoder_sparse_step") or 1)
+        step = int(d.get("decoder_sparse_step") or 1)
         dense = set(d.get("mlp_only_layers") or ())
         sparse = tuple(i not in dense and num_experts > 0 and (i + 1) % step == 0 for i in range(num_layers))
         shared = int(d.get("shared_expert_intermediate_size") or 0) if model_type == "qwen2_moe" else 0

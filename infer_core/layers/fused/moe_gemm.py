@@ -18,13 +18,17 @@ top-k entries of a token are summed in float32 (torch's ``sum``) and rounded onc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
-from infer_core.layers.fused import use_pdl
+from infer_core.layers.fused import interpreting, use_pdl
 from infer_core.layers.fused.pdl import pdl_enter
+
+if TYPE_CHECKING:
+    from infer_core.layers.moe.align import ExpertBlocks
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,13 +54,21 @@ def choose_tiles(num_entries: int, num_experts: int) -> MoETiles:
 
 
 @triton.jit
+def _dot(a, w, acc, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """``acc + a @ w`` in float32."""
+    if UPCAST:  # the interpreter's dot reads bfloat16 operands as raw bits: multiply in float32
+        return tl.dot(a.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, w, acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
 def _moe_gemm_kernel(
     a_ptr, w_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
     n, k, num_entries, num_slots,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn, up_rows,
     A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, WEIGHTED: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """``c[e] = act(a[e // A_ROW_DIV] @ W[expert(e)]^T) (x weight[e])`` for the entries ``e`` of one block tile.
 
@@ -90,10 +102,10 @@ def _moe_gemm_kernel(
         mask_k = offs_k < k - step * BLOCK_K
         a = tl.load(a_ptrs, mask=valid[:, None] & mask_k[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-        acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
+        acc = _dot(a, w, acc, DOT_PRECISION, UPCAST)
         if GATED:
             w_up = tl.load(w_ptrs + up_rows * stride_wn, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-            acc_up = tl.dot(a, w_up, acc_up, input_precision=DOT_PRECISION)
+            acc_up = _dot(a, w_up, acc_up, DOT_PRECISION, UPCAST)
         a_ptrs += BLOCK_K * stride_ak
         w_ptrs += BLOCK_K * stride_wk
     if GATED:
@@ -104,8 +116,8 @@ def _moe_gemm_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
 
 
-def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, topk_weights: torch.Tensor, blocks,
-                  tiles: MoETiles, *, a_row_div: int, gated: bool, weighted: bool) -> None:
+def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, topk_weights: torch.Tensor,
+                  blocks: ExpertBlocks, tiles: MoETiles, *, a_row_div: int, gated: bool, weighted: bool) -> None:
     n = w.shape[1] // 2 if gated else w.shape[1]
     k = w.shape[2]
     num_slots = blocks.sorted_ids.numel()
@@ -118,12 +130,12 @@ def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, topk_weig
         A_ROW_DIV=a_row_div, GATED=gated, WEIGHTED=weighted,
         DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32",
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
-        USE_PDL=pdl, launch_pdl=pdl, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        UPCAST=interpreting(), USE_PDL=pdl, launch_pdl=pdl, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
 
 
 def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
-                  blocks, tiles: MoETiles, *, drops_entries: bool = False) -> torch.Tensor:
+                  blocks: ExpertBlocks, tiles: MoETiles, *, drops_entries: bool = False) -> torch.Tensor:
     """``sum_k topk_weights[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t]))`` with ``e = topk_ids[t, k]``.
 
     ``x`` [T, H]; ``gate_up`` [E, 2I, H] (gate rows, then up rows); ``down`` [E, H, I]; ``topk_weights``
@@ -133,6 +145,12 @@ def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, to
     """
     num_tokens, top_k = topk_weights.shape
     num_entries = num_tokens * top_k
+    if blocks.block_m != tiles.block_m:
+        raise ValueError(f"the entries are grouped in blocks of {blocks.block_m}, the tiles are {tiles.block_m} rows: "
+                         "align them with tiles.block_m")
+    if x.shape[1] != gate_up.shape[2] or down.shape[2] * 2 != gate_up.shape[1]:
+        raise ValueError(f"x {tuple(x.shape)}, gate_up {tuple(gate_up.shape)} and down {tuple(down.shape)} do not fit: "
+                         "gate_up must be [E, 2I, H] and down [E, H, I] for x [T, H]")
     inter = torch.empty((num_entries, gate_up.shape[1] // 2), dtype=x.dtype, device=x.device)
     alloc = torch.zeros if drops_entries else torch.empty
     per_entry = alloc((num_entries, down.shape[1]), dtype=x.dtype, device=x.device)
