@@ -35,9 +35,10 @@ GEMV = FusedImpl.TRITON
 # An RMSNorm and the dense GEMV it feeds (and gate_up's SiLU-and-mul) as one launch at decode sizes
 # (fused/gemv_fusion.py); TORCH keeps the layers separate. Used only where each would run Triton.
 NORM_GEMV = FusedImpl.TRITON
-# A mixture-of-experts layer's experts (layers/moe): one grouped-GEMM launch for every expert's gate_up with
-# SiLU-and-mul, one for down (fused/moe_gemm.py); TORCH loops over the experts that got tokens (host syncs:
-# not for CUDA graphs).
+# A mixture-of-experts layer (layers/moe): the router's top-k in one launch (fused/moe_route.py), the entries
+# grouped by expert in one launch at decode sizes (fused/moe_align.py), one grouped-GEMM launch for every
+# expert's gate_up with SiLU-and-mul and one for down (fused/moe_gemm.py); TORCH routes with torch ops and loops
+# over the experts that got tokens (host syncs: no CUDA graphs then).
 MOE = FusedImpl.TRITON
 
 # The device types on whose tensors layers run our Triton kernels. CUDA; and the CPU only where Triton's
