@@ -34,7 +34,21 @@ TINY_ARCHITECTURES: dict[str, dict[str, Any]] = {
     # Qwen3: q/k RMSNorm, explicit head_dim, tied embeddings
     "qwen3": dict(model_type="qwen3", tie_word_embeddings=True, head_dim=32, rope_theta=1000000.0,
                   use_sliding_window=False),
+    # Mixtral: 8 experts of intermediate_size, top-2, weights renormalised
+    "mixtral": dict(model_type="mixtral", tie_word_embeddings=False, sliding_window=None, rope_theta=1000000.0,
+                    intermediate_size=64, num_local_experts=8, num_experts_per_tok=2),
+    # Qwen2-MoE: q/k/v biases, softmax weights not renormalised, a shared expert with its sigmoid gate, and a
+    # dense MLP of intermediate_size in the second layer (mlp_only_layers)
+    "qwen2_moe": dict(model_type="qwen2_moe", tie_word_embeddings=False, rope_theta=1000000.0, use_sliding_window=False,
+                      num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=96, norm_topk_prob=False, mlp_only_layers=[1]),
+    # Qwen3-MoE: q/k RMSNorm, explicit head_dim, top-4 of 16 experts, weights renormalised (norm_topk_prob)
+    "qwen3_moe": dict(model_type="qwen3_moe", tie_word_embeddings=False, head_dim=32, rope_theta=1000000.0,
+                      use_sliding_window=False, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=32,
+                      norm_topk_prob=True),
 }
+# The mixtures of experts among them
+TINY_MOE_ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe")
 
 
 # The published config.json of real models (as on the HF Hub), for dummy-weight runs on a GPU.
@@ -78,7 +92,8 @@ def write_config_checkpoint(name: str, folder: str | Path, **overrides: Any) -> 
 
 
 def make_tiny_checkpoint(kind: str, folder: str | Path, seed: int = 0, **overrides: Any) -> Path:
-    """Write a random ``kind`` model ("llama", "mistral", "qwen2", "qwen3") to ``folder``."""
+    """Write a random ``kind`` model (a key of ``TINY_ARCHITECTURES``: "llama", "mistral", "qwen2", "qwen3", and the
+    mixtures of experts "mixtral", "qwen2_moe", "qwen3_moe") to ``folder``."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 

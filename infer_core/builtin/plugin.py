@@ -41,6 +41,8 @@ def register_decoding_policies(register):
 def register_models(register):
     for arch in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
         register(arch, "infer_core.models.llama:LlamaForCausalLM")
+    for arch in ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM"):
+        register(arch, "infer_core.models.moe:MoEForCausalLM")
 
 
 @hookimpl(trylast=True)

@@ -19,7 +19,7 @@ from infer_core.interfaces.parallel import (
     SingleRankCommunicator,
     WorkerFactory,
 )
-from infer_core.interfaces.quant import LinearMethod, Quantizer
+from infer_core.interfaces.quant import LinearMethod, MoEMethod, Quantizer
 from infer_core.interfaces.request import Request, RequestStatus
 from infer_core.interfaces.scheduling import (
     CachedRequestData,
@@ -49,6 +49,7 @@ __all__ = [
     "KVAllocator",
     "KVStats",
     "LinearMethod",
+    "MoEMethod",
     "NewRequestData",
     "ParallelContext",
     "ParallelStrategy",

@@ -54,11 +54,16 @@ class SingleRankCommunicator(Communicator):
 
 @dataclass(frozen=True, slots=True)
 class ParallelContext:
-    """This process's place among the ranks; layers shard themselves by it (Megatron layout)."""
+    """This process's place among the ranks; layers shard themselves by it (Megatron layout).
+
+    ``expert_parallel``: mixture-of-experts layers give each rank whole experts (``num_experts / world_size``
+    of them) instead of a slice of every expert's intermediate size; every other layer splits as before.
+    """
 
     rank: int
     world_size: int
     communicator: Communicator
+    expert_parallel: bool = False
 
     @staticmethod
     def single() -> ParallelContext:

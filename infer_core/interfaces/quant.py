@@ -1,4 +1,5 @@
-"""Quantizers: how each linear layer stores its weight and computes ``x @ W.T``."""
+"""Quantizers: how each linear layer stores its weight and computes ``x @ W.T``, and how a mixture-of-experts
+layer stores its experts' weights and runs them."""
 
 from __future__ import annotations
 
@@ -57,9 +58,51 @@ class LinearMethod(ABC):
         """Return ``x @ W.T + bias`` for the flat batch ``x`` [num_tokens, input_size]."""
 
 
+class MoEMethod(ABC):
+    """Expert weights and the experts' computation of one mixture-of-experts layer (``layers/moe``).
+
+    ``create_weights`` registers this rank's experts on the layer: ``gate_up_proj`` ``[experts, 2 x intermediate,
+    hidden]`` (each expert's gate rows, then its up rows) and ``down_proj`` ``[experts, hidden, intermediate]`` in
+    the dense method, or whatever a quantized one stores (scales beside them). The layer's weight loader hands
+    ``load_weight`` one expert's checkpoint tensor, already narrowed to this rank's part.
+    """
+
+    @abstractmethod
+    def create_weights(self, layer: torch.nn.Module, num_experts: int, hidden_size: int, intermediate_size: int,
+                       params_dtype: torch.dtype) -> None:
+        """Register the parameters of ``num_experts`` experts, each of ``intermediate_size`` on this rank."""
+
+    def load_weight(self, layer: torch.nn.Module, param: torch.nn.Parameter, loaded: torch.Tensor, expert: int,
+                    row_offset: int) -> None:
+        """Copy one expert's (rank-sliced) checkpoint tensor into ``param[expert]`` from row ``row_offset``."""
+        dst = param.data[expert].narrow(0, row_offset, loaded.shape[0])
+        if dst.shape != loaded.shape:
+            raise ValueError(f"expert weight shape {tuple(loaded.shape)} does not fit parameter slice {tuple(dst.shape)}")
+        dst.copy_(loaded)
+
+    def process_after_load(self, layer: torch.nn.Module) -> None:
+        """Repack weights once all are loaded (transpose, quantize, …)."""
+
+    @abstractmethod
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor) -> torch.Tensor:
+        """``sum_k topk_weights[t, k] x expert_{topk_ids[t, k]}(x[t])`` for ``x`` [tokens, hidden].
+
+        ``topk_ids`` [tokens, top_k] are indices of this rank's experts (``layer.num_local_experts``: an entry
+        equal to it or above is an expert of another rank, and contributes nothing here); ``topk_weights``
+        float32. The sum is this rank's partial sum when the intermediate size is split over ranks.
+        """
+
+
 class Quantizer(RuntimeComponent, ABC):
-    """Chooses the LinearMethod of every linear layer of the model."""
+    """Chooses the LinearMethod of every linear layer of the model, and the MoEMethod of every expert layer."""
 
     @abstractmethod
     def get_linear_method(self, prefix: str) -> LinearMethod:
         """The method for the linear layer named ``prefix`` (e.g. ``model.layers.0.mlp.down_proj``)."""
+
+    def get_moe_method(self, prefix: str) -> MoEMethod | None:
+        """The method for the experts named ``prefix`` (e.g. ``model.layers.0.mlp.experts``); None: this
+        quantizer has none, and a mixture-of-experts model is refused with it. The dense one is
+        ``infer_core.layers.moe.UnquantizedMoEMethod``."""
+        return None

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from infer_core.errors import ModelError
 from infer_core.interfaces import AttentionBackend, ParallelContext, Quantizer
 from infer_core.models.config import ModelConfig
 
@@ -25,3 +26,12 @@ class BuildContext:
     def linear_kw(self, prefix: str) -> dict[str, Any]:
         return dict(method=self.quantizer.get_linear_method(prefix), parallel=self.parallel, dtype=self.dtype,
                     prefix=prefix)
+
+    def moe_kw(self, prefix: str) -> dict[str, Any]:
+        """The keywords of a ``FusedMoE`` named ``prefix``: its quantizer's MoEMethod, this rank, the dtype."""
+        method = self.quantizer.get_moe_method(prefix)
+        if method is None:
+            raise ModelError(f"the quantizer {type(self.quantizer).__name__} has no method for the experts of a "
+                             f"mixture-of-experts model ({prefix}); choose a quantization that supports them "
+                             "(none: dense weights)")
+        return dict(method=method, parallel=self.parallel, dtype=self.dtype, prefix=prefix)

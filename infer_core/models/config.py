@@ -29,6 +29,28 @@ class RopeConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MoEConfig:
+    """The mixture-of-experts block of Qwen2-MoE, Qwen3-MoE and Mixtral.
+
+    Each token's router logits go through a softmax; its ``top_k`` experts' probabilities weigh their outputs,
+    renormalised to sum to 1 where ``renormalize`` (Mixtral always; Qwen's ``norm_topk_prob``). ``sparse_layers``
+    says per layer whether it is an MoE block or a dense MLP of ``ModelConfig.intermediate_size`` (Qwen's
+    ``mlp_only_layers`` and ``decoder_sparse_step``). Qwen2-MoE adds a shared expert, a dense MLP of
+    ``shared_expert_intermediate_size`` every token goes through, scaled by ``sigmoid(shared_expert_gate(x))``.
+    """
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # of one expert
+    renormalize: bool
+    sparse_layers: tuple[bool, ...]
+    shared_expert_intermediate_size: int = 0  # 0: no shared expert
+
+    def is_sparse(self, layer_idx: int) -> bool:
+        return self.sparse_layers[layer_idx]
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     """Everything the engine needs to know about an architecture instance."""
 
@@ -54,6 +76,7 @@ class ModelConfig:
     torch_dtype: str | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    moe: MoEConfig | None = None  # None: every layer a dense MLP
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def sliding_window(self, layer_idx: int) -> int | None:
@@ -136,6 +159,7 @@ def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
             torch_dtype=_dtype_name(d.get("torch_dtype") or d.get("dtype")),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=_eos_ids(d.get("eos_token_id")),
+            moe=_moe_from_dict(d, num_layers),
             raw=d,
         )
     except KeyError as e:
@@ -150,9 +174,36 @@ def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
     return config
 
 
+MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+
+
+def _moe_from_dict(d: dict[str, Any], num_layers: int) -> MoEConfig | None:
+    """The MoE block of a Mixtral or Qwen-MoE config (None for dense models); defaults are transformers'."""
+    model_type = d.get("model_type")
+    if model_type not in MOE_MODEL_TYPES:
+        return None
+    # Mixtral's name for the expert count; Qwen's is num_experts (transformers 5 writes either under the other)
+    num_experts = int(d["num_local_experts"] if "num_local_experts" in d else d["num_experts"])
+    if model_type == "mixtral":  # every layer sparse, experts of intermediate_size, always renormalised
+        moe = MoEConfig(num_experts, int(d["num_experts_per_tok"]), int(d["intermediate_size"]),
+                        True, (True,) * num_layers)
+    else:
+        step = int(d.get("decoder_sparse_step") or 1)
+        dense = set(d.get("mlp_only_layers") or ())
+        sparse = tuple(i not in dense and num_experts > 0 and (i + 1) % step == 0 for i in range(num_layers))
+        shared = int(d.get("shared_expert_intermediate_size") or 0) if model_type == "qwen2_moe" else 0
+        moe = MoEConfig(num_experts, int(d["num_experts_per_tok"]), int(d["moe_intermediate_size"]),
+                        bool(d.get("norm_topk_prob", False)), sparse, shared)
+    if moe.top_k > moe.num_experts:
+        raise ModelError(f"num_experts_per_tok={moe.top_k} exceeds num_experts={moe.num_experts}")
+    return moe
+
+
 def _qkv_bias(d: dict[str, Any]) -> bool:
     if d.get("model_type") == "qwen2":
         return True  # Qwen2/2.5 always carry q/k/v biases
+    if d.get("model_type") == "qwen2_moe":
+        return bool(d.get("qkv_bias", True))  # Qwen1.5/2-MoE: q/k/v biases (transformers' default)
     return bool(d.get("attention_bias", False))
 
 

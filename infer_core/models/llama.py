@@ -7,6 +7,7 @@ Differences between the family members are config flags: q/k/v bias (Qwen2), q/k
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -52,15 +53,21 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    """``down(silu(gate(x)) * up(x))``: gate_up_proj applies the SiLU-and-mul to its ``[gate; up]`` output."""
+    """``down(silu(gate(x)) * up(x))``: gate_up_proj applies the SiLU-and-mul to its ``[gate; up]`` output.
 
-    def __init__(self, ctx: BuildContext, prefix: str, input_norm: RMSNorm) -> None:
+    ``intermediate_size`` defaults to the config's (a mixture-of-experts model's shared expert has its own);
+    ``input_norm`` None: the input is a tensor, not a norm's output handed on (see ``LinearBase``).
+    """
+
+    def __init__(self, ctx: BuildContext, prefix: str, input_norm: RMSNorm | None,
+                 intermediate_size: int | None = None) -> None:
         super().__init__()
         c = ctx.config
-        self.gate_up_proj = MergedColumnParallelLinear(c.hidden_size, [c.intermediate_size] * 2, bias=c.mlp_bias,
+        inter = intermediate_size or c.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(c.hidden_size, [inter] * 2, bias=c.mlp_bias,
                                                        input_norm=input_norm, act=SiluAndMul(),
                                                        **ctx.linear_kw(f"{prefix}.gate_up_proj"))
-        self.down_proj = RowParallelLinear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias,
+        self.down_proj = RowParallelLinear(inter, c.hidden_size, bias=c.mlp_bias,
                                            **ctx.linear_kw(f"{prefix}.down_proj"))
 
     def forward(self, x):
@@ -94,13 +101,15 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, ctx: BuildContext) -> None:
+    """Embedding, the decoder layers (``layer_class``: a mixture-of-experts model brings its own), final norm."""
+
+    def __init__(self, ctx: BuildContext, layer_class: type[nn.Module] = LlamaDecoderLayer) -> None:
         super().__init__()
         c = ctx.config
         self.embed_tokens = VocabParallelEmbedding(c.vocab_size, c.hidden_size, parallel=ctx.parallel, dtype=ctx.dtype)
         rotary = RotaryEmbedding(c.head_dim, c.rope, max(ctx.max_model_len, 1), c.max_position_embeddings)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(ctx, i, rotary, f"model.layers.{i}") for i in range(c.num_layers)
+            layer_class(ctx, i, rotary, f"model.layers.{i}") for i in range(c.num_layers)
         )
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=ctx.dtype)
 
@@ -131,10 +140,12 @@ def _expected_shards(target: str) -> set:
 class LlamaForCausalLM(nn.Module):
     """Entry point the runner uses: ``forward`` → hidden states, ``compute_logits``, ``load_weights``."""
 
+    decoder_layer: type[nn.Module] = LlamaDecoderLayer
+
     def __init__(self, ctx: BuildContext) -> None:
         super().__init__()
         self.config = ctx.config
-        self.model = LlamaModel(ctx)
+        self.model = LlamaModel(ctx, self.decoder_layer)
         tied = self.model.embed_tokens if ctx.config.tie_word_embeddings else None
         self.lm_head = ParallelLMHead(ctx.config.vocab_size, ctx.config.hidden_size, parallel=ctx.parallel,
                                       dtype=ctx.dtype, tied_to=tied)
@@ -146,6 +157,21 @@ class LlamaForCausalLM(nn.Module):
         """Logits over the whole vocabulary (on every rank: tensor-parallel ranks all-gather their slices)."""
         return self.lm_head(hidden)
 
+    def checkpoint_target(self, name: str) -> tuple[str, Any] | None:
+        """(our parameter's name, shard id) of the checkpoint tensor ``name``; None: not a weight we keep."""
+        if "rotary_emb.inv_freq" in name:
+            return None
+        if name == "lm_head.weight" and self.config.tie_word_embeddings:
+            return None
+        for fragment, (fused, shard) in _FUSED.items():
+            if fragment in name:
+                return name.replace(fragment, fused), shard
+        return name, None
+
+    def fully_loaded(self, target: str, shards: set) -> bool:
+        """Whether the parameter ``target`` has all its shards (q, k and v; gate and up) from ``shards``."""
+        return shards >= _expected_shards(target)
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy checkpoint tensors (HF names) into the fused, sharded parameters.
 
@@ -155,15 +181,10 @@ class LlamaForCausalLM(nn.Module):
         params = dict(self.named_parameters(remove_duplicate=False))
         shards: dict[str, set] = {}
         for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name:
+            found = self.checkpoint_target(name)
+            if found is None:
                 continue
-            if name == "lm_head.weight" and self.config.tie_word_embeddings:
-                continue
-            target, shard_id = name, None
-            for fragment, (fused, shard) in _FUSED.items():
-                if fragment in name:
-                    target, shard_id = name.replace(fragment, fused), shard
-                    break
+            target, shard_id = found
             param = params.get(target)
             if param is None:
                 raise ModelError(f"checkpoint tensor {name!r} matches no parameter of {type(self).__name__}; "
@@ -174,4 +195,4 @@ class LlamaForCausalLM(nn.Module):
             else:
                 loader(param, tensor, shard_id)
             shards.setdefault(target, set()).add(shard_id)
-        return {target for target, got in shards.items() if got >= _expected_shards(target)}
+        return {target for target, got in shards.items() if self.fully_loaded(target, got)}

@@ -113,7 +113,8 @@ def read_model_config(source: ModelSource) -> ModelConfig:
 
 def _architecture_of(model_type: str) -> str:
     names = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-             "qwen3": "Qwen3ForCausalLM"}
+             "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+             "qwen3_moe": "Qwen3MoeForCausalLM"}
     return names.get(model_type, model_type)
 
 

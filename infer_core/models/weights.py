@@ -64,7 +64,7 @@ def _dummy_values(shape: tuple[int, ...], seed: int, device: torch.device, std: 
 
 
 # Projections that write into the residual stream: scaled down by 1/sqrt(2 x layers) (GPT-2's init).
-_RESIDUAL_OUTPUTS = ("o_proj.weight", "down_proj.weight")
+_RESIDUAL_OUTPUTS = ("o_proj.weight", "down_proj.weight", "experts.down_proj")
 
 
 def _dummy_std(name: str, shape: tuple[int, ...], num_layers: int) -> float:

@@ -1,5 +1,5 @@
 """Triton kernels for the per-layer ops (RMSNorm, rotary, SiLU-and-mul, Qwen3's q/k norm + rotary, the decode
-GEMV and its fusions), and the one rule by which a layer chooses them: :func:`runs_triton`.
+GEMV and its fusions, the experts' grouped GEMMs), and the one rule by which a layer chooses them: :func:`runs_triton`.
 
 A layer decides once, when it is built, whether it runs our Triton kernels or its own torch code (as vLLM's
 ``CustomOp`` picks its forward in ``__init__``); per call it checks only shapes (e.g. the GEMV's decode-sized
@@ -35,6 +35,11 @@ GEMV = FusedImpl.TRITON
 # An RMSNorm and the dense GEMV it feeds (and gate_up's SiLU-and-mul) as one launch at decode sizes
 # (fused/gemv_fusion.py); TORCH keeps the layers separate. Used only where each would run Triton.
 NORM_GEMV = FusedImpl.TRITON
+# A mixture-of-experts layer (layers/moe): the router's top-k in one launch (fused/moe_route.py), the entries
+# grouped by expert in one launch at decode sizes (fused/moe_align.py), one grouped-GEMM launch for every
+# expert's gate_up with SiLU-and-mul and one for down (fused/moe_gemm.py); TORCH routes with torch ops and loops
+# over the experts that got tokens (host syncs: no CUDA graphs then).
+MOE = FusedImpl.TRITON
 
 # The device types on whose tensors layers run our Triton kernels. CUDA; and the CPU only where Triton's
 # interpreter runs (TRITON_INTERPRET=1, set before any kernel module is imported) and "cpu" is added here:
@@ -48,7 +53,7 @@ TRITON_DEVICES: tuple[str, ...] = ("cuda",)
 # ``pdl`` setting (INFER_PDL=false turns it off).
 PDL = True
 
-OPS = ("rms_norm", "rotary", "silu_and_mul", "qk_norm_rope", "gemv", "norm_gemv")
+OPS = ("rms_norm", "rotary", "silu_and_mul", "qk_norm_rope", "gemv", "norm_gemv", "moe")
 
 
 @functools.cache

@@ -11,7 +11,7 @@ import random
 
 import pytest
 from infer_core import LLM, SamplingParams
-from infer_core.testing import TINY_ARCHITECTURES, LogitsRecorder, make_tiny_checkpoint
+from infer_core.testing import TINY_ARCHITECTURES, TINY_MOE_ARCHITECTURES, LogitsRecorder, make_tiny_checkpoint
 
 PROMPT_LENGTHS = (5, 70, 17, 130, 33)
 NUM_NEW_TOKENS = 12
@@ -48,7 +48,8 @@ def assert_same_as_torch(folder, batch_prompts, **settings):
     return llm
 
 
-@pytest.mark.parametrize("kind", sorted(TINY_ARCHITECTURES))
+# the dense architectures: a mixture of experts has the same attention (and the interpreter is slow)
+@pytest.mark.parametrize("kind", sorted(set(TINY_ARCHITECTURES) - set(TINY_MOE_ARCHITECTURES)))
 def test_engine_greedy_tokens_match_torch(tmp_path, kind):
     folder = make_tiny_checkpoint(kind, tmp_path / kind)
     batch_prompts = prompts(384, 40)

@@ -4,7 +4,9 @@ Each case runs one batch through both engines with the same schedule: mixed prom
 shared prefix served from the prefix cache, prefill chunks of 32 tokens, and a KV pool small
 enough that requests are preempted and recomputed. The models cover untied embeddings (llama,
 qwen2), tied ones with q/k norms (qwen3), q/k/v biases (qwen2), fewer KV heads than ranks (KV
-heads replicated: qwen2 with one KV head on 2 ranks, llama's 2 on 4 ranks) and dummy weights.
+heads replicated: qwen2 with one KV head on 2 ranks, llama's 2 on 4 ranks), dummy weights, and mixtures of
+experts (each expert's intermediate size split over the ranks: Qwen2-MoE's shared expert and dense layer,
+Qwen3-MoE's stacked dummy experts).
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ CASES = [
     Case("qwen2", 2, {"num_key_value_heads": 1}),  # one KV head replicated on both ranks; q/k/v biases
     Case("llama", 4),  # two KV heads on four ranks
     Case("mistral", 2, load_format="dummy"),  # dummy weights are the same model at every TP size
+    Case("qwen2_moe", 2),  # experts split over ranks, a shared expert, a dense layer, q/k/v biases
+    Case("qwen3_moe", 2, load_format="dummy"),  # the experts' dummy weights drawn whole at every TP size
 ]
 
 

@@ -66,6 +66,19 @@ def test_kv_heads_must_divide_or_be_divided_by_the_ranks(tiny_checkpoint):
     )
 
 
+def test_experts_whose_intermediate_size_does_not_split_are_refused(tiny_checkpoint):
+    """The experts' (and the shared expert's) intermediate sizes split over the ranks; Mixtral's dense-sized
+    intermediate_size is the experts' own, and a Qwen-MoE model's unused one (every layer sparse) is not checked."""
+    ctx = _context(tiny_checkpoint("qwen2_moe", moe_intermediate_size=34, shared_expert_intermediate_size=90),
+                   device="cpu", tensor_parallel_size=4)
+    reasons = TensorParallelStrategy.validate(ctx)
+    assert any("moe_intermediate_size=34 is not divisible by tensor_parallel_size=4" in r for r in reasons)
+    assert any("shared_expert_intermediate_size=90 is not divisible by tensor_parallel_size=4" in r for r in reasons)
+    every_layer_sparse = _context(tiny_checkpoint("qwen3_moe", intermediate_size=90), device="cpu",
+                                  tensor_parallel_size=2)
+    assert TensorParallelStrategy.validate(every_layer_sparse) == []
+
+
 def test_cuda_needs_a_gpu_per_rank(tiny_checkpoint, monkeypatch):
     for name in ("RANK", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)

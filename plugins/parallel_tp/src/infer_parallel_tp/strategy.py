@@ -26,10 +26,18 @@ def split_problems(ctx: RuntimeContext, world_size: int) -> list[str]:
             f"num_key_value_heads={m.num_kv_heads} and tensor_parallel_size={world_size}: one must "
             f"divide the other (KV heads are split, or replicated when fewer than ranks)"
         )
-    if m.intermediate_size % world_size:
+    moe = m.moe
+    dense_layers = moe is None or not all(moe.sparse_layers)
+    if dense_layers and m.intermediate_size % world_size:
         problems.append(
             f"intermediate_size={m.intermediate_size} is not divisible by tensor_parallel_size={world_size}"
         )
+    if moe is not None:
+        for name, size in (("moe_intermediate_size", moe.intermediate_size),
+                           ("shared_expert_intermediate_size", moe.shared_expert_intermediate_size)):
+            if size % world_size:
+                problems.append(f"{name}={size} is not divisible by tensor_parallel_size={world_size} (each "
+                                "expert's intermediate size is split over the ranks)")
     return problems
 
 

@@ -1,0 +1,162 @@
+"""The experts of a mixture-of-experts layer as two grouped GEMMs: one launch for every expert's gate_up (with
+SiLU-and-mul), one for every expert's down (with the routing weight), then the sum over each token's top-k.
+
+The (token, k) entries arrive sorted by expert into blocks of ``BLOCK_M`` (``layers/moe/align.py``): a block
+holds entries of one expert only, padded with the entry count ``num_entries`` (a row nobody reads or writes).
+A program computes one ``BLOCK_M x BLOCK_N`` tile of one block: it reads the block's entry ids and expert,
+gathers those rows of its input, multiplies them by that expert's weight tile, and scatters its rows to the
+entries' places (entry ``t * top_k + k``). Every shape is fixed by the token count (the grid covers the most
+blocks the entries can fill; programs past ``num_padded``, read on the device, return at once), so a CUDA
+graph replays it for any routing.
+
+Numerics: products accumulate in float32 (``input_precision="ieee"`` for float32 weights, so no TF32);
+``silu(gate) * up`` is taken from the float32 sums and rounded once to the model dtype (the down GEMM's
+input), the down sums are multiplied by the float32 routing weight and rounded once per entry, and the
+top-k entries of a token are summed in float32 (torch's ``sum``) and rounded once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+import triton.language as tl
+
+from infer_core.layers.fused import interpreting, use_pdl
+from infer_core.layers.fused.pdl import pdl_enter
+
+if TYPE_CHECKING:
+    from infer_core.layers.moe.align import ExpertBlocks
+
+
+@dataclass(frozen=True, slots=True)
+class MoETiles:
+    """Tile sizes of the grouped GEMMs; ``block_m`` is also the alignment of each expert's group of entries."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+
+
+def choose_tiles(num_entries: int, num_experts: int) -> MoETiles:
+    """Small tiles where experts get few entries each (decode: the weights' bytes bound it, and more programs
+    stream them), larger ones where they get many (prefill: the tensor cores bound it)."""
+    if num_entries <= 2 * num_experts:
+        return MoETiles(16, 64, 128, 1, 4, 3)
+    if num_entries <= 16 * num_experts:
+        return MoETiles(32, 64, 64, 4, 4, 3)
+    return MoETiles(64, 128, 64, 8, 8, 3)
+
+
+@triton.jit
+def _dot(a, w, acc, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """``acc + a @ w`` in float32."""
+    if UPCAST:  # the interpreter's dot reads bfloat16 operands as raw bits: multiply in float32
+        return tl.dot(a.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, w, acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _moe_gemm_kernel(
+    a_ptr, w_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
+    n, k, num_entries, num_slots,
+    stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn, up_rows,
+    A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, WEIGHTED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    """``c[e] = act(a[e // A_ROW_DIV] @ W[expert(e)]^T) (x weight[e])`` for the entries ``e`` of one block tile.
+
+    GATED: ``W[expert]`` holds the gate rows, then ``up_rows`` rows on the up rows; the tile is
+    ``silu(gate) * up`` of its ``BLOCK_N`` columns. WEIGHTED: rows are multiplied by ``topk_weights[e]``.
+    """
+    pdl_enter(USE_PDL)  # before any load or store: see fused/pdl.py
+    pid = tl.program_id(0)
+    num_pid_m = num_slots // BLOCK_M
+    num_pid_n = tl.cdiv(n, BLOCK_N)
+    # groups of GROUP_M row blocks sweep the columns together, so their weight tiles are read from L2
+    per_group = GROUP_M * num_pid_n
+    first_m = (pid // per_group) * GROUP_M
+    group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_size
+    pid_n = (pid % per_group) // group_size
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return
+    entries = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = entries < num_entries
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < n
+    offs_k = tl.arange(0, BLOCK_K)
+    a_rows = (entries // A_ROW_DIV).to(tl.int64)
+    a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+    w_ptrs = w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None] * stride_wk
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for step in range(0, tl.cdiv(k, BLOCK_K)):
+        mask_k = offs_k < k - step * BLOCK_K
+        a = tl.load(a_ptrs, mask=valid[:, None] & mask_k[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        acc = _dot(a, w, acc, DOT_PRECISION, UPCAST)
+        if GATED:
+            w_up = tl.load(w_ptrs + up_rows * stride_wn, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+            acc_up = _dot(a, w_up, acc_up, DOT_PRECISION, UPCAST)
+        a_ptrs += BLOCK_K * stride_ak
+        w_ptrs += BLOCK_K * stride_wk
+    if GATED:
+        acc = acc / (1.0 + tl.exp(-acc)) * acc_up
+    if WEIGHTED:
+        acc = acc * tl.load(topk_weights_ptr + entries, mask=valid, other=0.0)[:, None]
+    c_ptrs = c_ptr + entries[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
+
+
+def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, topk_weights: torch.Tensor,
+                  blocks: ExpertBlocks, tiles: MoETiles, *, a_row_div: int, gated: bool, weighted: bool) -> None:
+    n = w.shape[1] // 2 if gated else w.shape[1]
+    k = w.shape[2]
+    num_slots = blocks.sorted_ids.numel()
+    grid = (num_slots // tiles.block_m * triton.cdiv(n, tiles.block_n),)
+    pdl = use_pdl(a)
+    _moe_gemm_kernel[grid](
+        a, w, out, topk_weights, blocks.sorted_ids, blocks.expert_ids, blocks.num_padded,
+        n, k, out.shape[0], num_slots,
+        a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1), n,
+        A_ROW_DIV=a_row_div, GATED=gated, WEIGHTED=weighted,
+        DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32",
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
+        UPCAST=interpreting(), USE_PDL=pdl, launch_pdl=pdl, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )
+
+
+def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
+                  blocks: ExpertBlocks, tiles: MoETiles, *, drops_entries: bool = False) -> torch.Tensor:
+    """``sum_k topk_weights[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t]))`` with ``e = topk_ids[t, k]``.
+
+    ``x`` [T, H]; ``gate_up`` [E, 2I, H] (gate rows, then up rows); ``down`` [E, H, I]; ``topk_weights``
+    [T, top_k] float32; ``blocks`` the entries sorted by expert in blocks of ``tiles.block_m`` (an
+    ``ExpertBlocks``). ``drops_entries``: some entries are left out of ``blocks`` (experts of other ranks),
+    and count as zero.
+    """
+    num_tokens, top_k = topk_weights.shape
+    num_entries = num_tokens * top_k
+    if blocks.block_m != tiles.block_m:
+        raise ValueError(f"the entries are grouped in blocks of {blocks.block_m}, the tiles are {tiles.block_m} rows: "
+                         "align them with tiles.block_m")
+    if x.shape[1] != gate_up.shape[2] or down.shape[2] * 2 != gate_up.shape[1]:
+        raise ValueError(f"x {tuple(x.shape)}, gate_up {tuple(gate_up.shape)} and down {tuple(down.shape)} do not fit: "
+                         "gate_up must be [E, 2I, H] and down [E, H, I] for x [T, H]")
+    inter = torch.empty((num_entries, gate_up.shape[1] // 2), dtype=x.dtype, device=x.device)
+    alloc = torch.zeros if drops_entries else torch.empty
+    per_entry = alloc((num_entries, down.shape[1]), dtype=x.dtype, device=x.device)
+    if num_entries == 0:
+        return per_entry.view(num_tokens, top_k, -1).sum(dim=1)
+    weights = topk_weights.reshape(-1)
+    _grouped_gemm(x, gate_up, inter, weights, blocks, tiles, a_row_div=top_k, gated=True, weighted=False)
+    _grouped_gemm(inter, down, per_entry, weights, blocks, tiles, a_row_div=1, gated=False, weighted=True)
+    return per_entry.view(num_tokens, top_k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)

@@ -1,0 +1,140 @@
+"""The mixture-of-experts kernels against their torch references, in the interpreter on the CPU: the experts'
+grouped GEMMs (``fused/moe_gemm.py``) against ``experts_torch``, the one-launch grouping of entries by expert
+(``fused/moe_align.py``) against ``align_by_expert`` (whose invariants are checked here too), the one-launch
+router (``fused/moe_route.py``) against ``route``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from infer_core.layers.fused.moe_align import moe_align
+from infer_core.layers.fused.moe_gemm import choose_tiles, fused_experts
+from infer_core.layers.fused.moe_route import moe_route
+from infer_core.layers.moe import UnquantizedMoEMethod, experts_torch, route
+from infer_core.layers.moe.align import align_by_expert, max_slots
+
+
+def _experts(num_experts: int, hidden: int, inter: int, dtype: torch.dtype, device: str, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    gate_up = torch.randn(num_experts, 2 * inter, hidden, generator=generator) * hidden**-0.5
+    down = torch.randn(num_experts, hidden, inter, generator=generator) * inter**-0.5
+    return gate_up.to(device, dtype), down.to(device, dtype)
+
+
+def _routing(num_tokens: int, num_experts: int, top_k: int, renormalize: bool, device: str, seed: int):
+    generator = torch.Generator().manual_seed(seed + 1)
+    logits = torch.randn(num_tokens, num_experts, generator=generator).to(device)
+    return route(logits, top_k, renormalize)
+
+
+@pytest.mark.parametrize("num_tokens,num_experts,top_k", [(1, 4, 2), (6, 8, 2), (40, 4, 3), (3, 16, 4)])
+def test_align_groups_every_entry_once_in_blocks_of_one_expert(num_tokens, num_experts, top_k, device):
+    _, ids = _routing(num_tokens, num_experts, top_k, False, device, num_tokens)
+    num_entries = ids.numel()
+    blocks = align_by_expert(ids, num_experts, 16)
+    sorted_ids, expert_ids = blocks.sorted_ids.cpu(), blocks.expert_ids.cpu()
+    num_padded = int(blocks.num_padded)
+    counts = torch.bincount(ids.reshape(-1).cpu(), minlength=num_experts)
+    assert num_padded == int(((counts + 15) // 16 * 16).sum())
+    assert sorted_ids.numel() == max_slots(num_entries, num_experts, 16) >= num_padded
+    assert sorted(sorted_ids[sorted_ids < num_entries].tolist()) == list(range(num_entries))
+    assert bool((sorted_ids[num_padded:] == num_entries).all())
+    flat = ids.reshape(-1).cpu()
+    for block in range(num_padded // 16):
+        entries = sorted_ids[block * 16:(block + 1) * 16]
+        entries = entries[entries < num_entries]
+        assert bool((flat[entries.long()] == expert_ids[block]).all())
+        assert entries.tolist() == sorted(entries.tolist())
+
+
+def test_align_leaves_out_the_experts_of_other_ranks(device):
+    ids = torch.tensor([[0, 2], [2, 1], [2, 2], [1, 0]], device=device)  # 2 = not this rank's
+    blocks = align_by_expert(ids, 2, 16)
+    kept = blocks.sorted_ids[blocks.sorted_ids < ids.numel()].tolist()
+    assert sorted(kept) == [0, 3, 6, 7]
+    assert int(blocks.num_padded) == 32 and blocks.expert_ids[:2].tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_tokens,num_experts,top_k,hidden,inter", [
+    (1, 4, 2, 48, 40),  # one token: blocks of one entry
+    (7, 8, 2, 64, 32),
+    (70, 4, 3, 80, 24),  # many entries an expert: the larger tiles, a K tail on both GEMMs
+])
+def test_fused_experts_match_the_torch_path(dtype, num_tokens, num_experts, top_k, hidden, inter, device):
+    gate_up, down = _experts(num_experts, hidden, inter, dtype, device, num_tokens)
+    x = torch.randn(num_tokens, hidden, generator=torch.Generator().manual_seed(3)).to(device, dtype)
+    weights, ids = _routing(num_tokens, num_experts, top_k, True, device, num_tokens)
+    tiles = choose_tiles(ids.numel(), num_experts)
+    out = fused_experts(x, gate_up, down, weights, align_by_expert(ids, num_experts, tiles.block_m), tiles)
+    assert out.shape == x.shape and out.dtype == dtype
+    # the reference in float32 from the same (rounded) values: the kernel rounds its intermediate once
+    expected = experts_torch(x.float(), gate_up.float(), down.float(), weights, ids)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    else:
+        error = float((out.float() - expected).norm() / expected.norm())
+        assert error < 1e-2, f"bfloat16 experts off the float32 reference by {error:.2e}"
+
+
+def test_entries_of_other_ranks_count_as_zero(device):
+    gate_up, down = _experts(4, 32, 16, torch.float32, device, 5)
+    x = torch.randn(5, 32, generator=torch.Generator().manual_seed(4)).to(device)
+    weights, ids = _routing(5, 6, 2, False, device, 9)  # ids 4 and 5: experts of another rank
+    local = torch.where(ids < 4, ids, 4)
+    tiles = choose_tiles(ids.numel(), 4)
+    out = fused_experts(x, gate_up, down, weights, align_by_expert(local, 4, tiles.block_m), tiles, drops_entries=True)
+    torch.testing.assert_close(out, experts_torch(x, gate_up, down, weights, local), rtol=1e-5, atol=1e-5)
+
+
+def test_mismatched_blocks_are_refused(device):
+    gate_up, down = _experts(2, 32, 16, torch.float32, device, 1)
+    weights, ids = _routing(3, 2, 1, False, device, 1)
+    tiles = choose_tiles(ids.numel(), 2)
+    with pytest.raises(ValueError, match="blocks of 32"):
+        fused_experts(torch.zeros(3, 32, device=device), gate_up, down, weights, align_by_expert(ids, 2, 32), tiles)
+
+
+def test_the_method_chooses_the_kernel_where_built_for_it(device, triton_on_cpu):
+    layer = torch.nn.Module()
+    layer.num_experts = layer.num_local_experts = 4
+    method = UnquantizedMoEMethod()
+    with torch.device(device):
+        method.create_weights(layer, 4, 32, 16, torch.float32)
+    assert method.triton
+    layer.gate_up_proj.data, layer.down_proj.data = _experts(4, 32, 16, torch.float32, device, 2)
+    x = torch.randn(9, 32, generator=torch.Generator().manual_seed(2)).to(device)
+    weights, ids = _routing(9, 4, 2, True, device, 2)
+    expected = experts_torch(x, layer.gate_up_proj, layer.down_proj, weights, ids)
+    torch.testing.assert_close(method.apply(layer, x, weights, ids), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("num_tokens,num_experts,top_k,block_m", [(1, 128, 8, 16), (5, 8, 2, 16), (37, 6, 3, 32),
+                                                                  (128, 128, 8, 16)])
+def test_the_one_launch_grouping_equals_the_torch_ops(num_tokens, num_experts, top_k, block_m, device):
+    _, ids = _routing(num_tokens, num_experts, top_k, False, device, num_tokens + num_experts)
+    if num_tokens == 37:
+        ids = torch.where(ids == 2, num_experts, ids)  # an expert of another rank: left out
+    got, want = moe_align(ids, num_experts, block_m), align_by_expert(ids, num_experts, block_m)
+    assert torch.equal(got.num_padded, want.num_padded) and torch.equal(got.expert_ids, want.expert_ids)
+    assert torch.equal(got.sorted_ids, want.sorted_ids)
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("num_tokens,num_experts,top_k", [(1, 128, 8), (5, 8, 2), (37, 60, 4), (3, 6, 6)])
+def test_the_one_launch_router_equals_route(num_tokens, num_experts, top_k, renormalize, device):
+    logits = torch.randn(num_tokens, num_experts, generator=torch.Generator().manual_seed(num_experts)).to(device)
+    weights, ids = moe_route(logits, top_k, renormalize)
+    want_weights, want_ids = route(logits, top_k, renormalize)
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+    assert torch.equal(ids.long(), want_ids)
+    torch.testing.assert_close(weights, want_weights, rtol=1e-6, atol=1e-7)
+
+
+def test_the_router_reads_bfloat16_logits(device):
+    logits = torch.randn(4, 16, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
+    weights, ids = moe_route(logits, 4, True)
+    want_weights, want_ids = route(logits, 4, True)
+    assert torch.equal(ids.long(), want_ids)
+    torch.testing.assert_close(weights, want_weights, rtol=1e-6, atol=1e-7)
