@@ -99,11 +99,8 @@ async def tokenize(request: Request, data: TokenizeRequest) -> TokenizeResponse:
         special = body.add_special_tokens is not False
         prompt = body.prompt
 
-        def bound_and_encode() -> list[int]:
-            check_text(tokenizer, prompt, state.max_model_len, "your prompt is", "prompt", reserve=0)
-            return tokenizer.encode(prompt, add_special_tokens=special)
-
-        ids = await state.tokenize(bound_and_encode)
+        check_text(tokenizer, prompt, state.max_model_len, "your prompt is", "prompt", reserve=0)
+        ids = await state.tokenize(lambda: tokenizer.encode(prompt, add_special_tokens=special))
     else:
         add_generation_prompt = body.add_generation_prompt is not False
 

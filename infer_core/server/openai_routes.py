@@ -135,14 +135,16 @@ def _chat_events(state: ServerState, submitted: list[Submitted], body: ChatCompl
 
 # completions -----------------------------------------------------------------------------------
 
-def _text_prompts(state: ServerState, texts: list[str]) -> list[PromptInput]:
-    """Bound and tokenize the prompts given as text (runs on the tokenizer thread)."""
-    prompts = []
+def _bound_texts(state: ServerState, texts: list[str]) -> None:
+    """400 for a prompt that cannot fit the context, before it waits for the tokenizer thread."""
     for index, text in enumerate(texts):
         what = f"prompt {index} is" if len(texts) > 1 else "your prompt is"
         check_text(state.tokenizer, text, state.max_model_len, what, "prompt")
-        prompts.append(PromptInput(text, state.tokenizer.encode(text)))
-    return prompts
+
+
+def _text_prompts(state: ServerState, texts: list[str]) -> list[PromptInput]:
+    """Tokenize the prompts given as text (runs on the tokenizer thread)."""
+    return [PromptInput(text, state.tokenizer.encode(text)) for text in texts]
 
 
 def _echo_text(state: ServerState, prompt: PromptInput) -> str:
@@ -163,6 +165,7 @@ async def completions(request: Request, data: CompletionRequest) -> Completion |
     if isinstance(raw[0], str):
         if state.tokenizer is None:
             raise bad_request("this model has no tokenizer: send the prompt as token ids", param="prompt")
+        _bound_texts(state, raw)
         prompts = await state.tokenize(_text_prompts, state, raw)
     else:
         check_token_ids(raw, len(state.tokenizer) if state.tokenizer is not None else None)
