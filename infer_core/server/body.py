@@ -79,8 +79,7 @@ def _utf8_text(raw: bytes) -> str:
         if raw.startswith(bom):
             raise bad_request(f"the body is {name} (it starts with the byte order mark {bom.hex(' ').upper()}); "
                               f"JSON bodies must be UTF-8 (RFC 8259): re-encode it as UTF-8")
-    if raw.startswith(_UTF8_BOM):  # RFC 8259 lets a parser ignore it
-        raw = raw[len(_UTF8_BOM):]
+    raw = raw.removeprefix(_UTF8_BOM)  # RFC 8259 lets a parser ignore it
     if raw[:4].count(0) >= 2:
         raise bad_request("the body starts with NUL bytes, as UTF-16 or UTF-32 text does; JSON bodies must be "
                           "UTF-8 (RFC 8259): re-encode it as UTF-8")

@@ -19,7 +19,8 @@ logger = logging.getLogger(__name__)
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "invalid_request_error", 405: "invalid_request_error", 413: "invalid_request_error",
-          415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable_error"}
+          415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+          503: "service_unavailable_error"}
 
 
 class OpenAIError(Exception):
@@ -59,7 +60,8 @@ def _http_exception_handler(request: Request, exc: HTTPException) -> Response:
     if status == 413:
         limit = getattr(request.app, "request_max_body_size", None)
         accepted = f" ({limit:,} bytes)" if isinstance(limit, int) else ""
-        message = f"the request body is larger than the server accepts{accepted}; raise --max-request-bytes or send less"
+        message = (f"the request body is larger than the server accepts{accepted}; raise --max-request-bytes or "
+                   f"send less")
     elif status == 404:
         message = f"{exc.detail}: no such endpoint (the API: /openapi.json, /docs)" if exc.detail \
             else "no such endpoint (the API: /openapi.json, /docs)"

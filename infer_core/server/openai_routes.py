@@ -43,6 +43,8 @@ def _usage(submitted: list[Submitted]) -> Usage:
     return usage(prompt, completion, cached)
 
 
+# The handlers return Responses only: with a body type in their annotation, Litestar would give every
+# response, the stream's too, that type's media type (application/json).
 def _stream_response(events: AsyncIterator[bytes]) -> Stream:
     return Stream(events, media_type="text/event-stream",
                   headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -84,7 +86,7 @@ def _chat_prompt(state: ServerState, body: ChatCompletionRequest) -> PromptInput
 @post("/v1/chat/completions", status_code=200, dto=JSONBody, return_dto=None,
       responses=documented(ChatCompletion, "the completion (application/json), or with stream=true its chunks "
                                            "(text/event-stream)", *_ERRORS))
-async def chat_completions(request: Request, data: ChatCompletionRequest) -> ChatCompletion | Stream | Response:
+async def chat_completions(request: Request, data: ChatCompletionRequest) -> Response:
     """Chat through the model's chat template (OpenAI's chat completions)."""
     state = _state(request)
     body = data
@@ -108,7 +110,8 @@ async def chat_completions(request: Request, data: ChatCompletionRequest) -> Cha
     final = submitted[0].final
     choices = [ChatChoice(c.index, AssistantMessage("assistant", c.text), chat_logprobs(c, top), c.finish_reason)
                for c in final.outputs]
-    return ChatCompletion(request_id, "chat.completion", created, state.model_name, choices, _usage(submitted))
+    return Response(ChatCompletion(request_id, "chat.completion", created, state.model_name, choices,
+                                   _usage(submitted)))
 
 
 def _chat_events(state: ServerState, submitted: list[Submitted], body: ChatCompletionRequest, base: dict[str, Any],
@@ -156,7 +159,7 @@ def _echo_text(state: ServerState, prompt: PromptInput) -> str:
 @post("/v1/completions", status_code=200, dto=JSONBody, return_dto=None,
       responses=documented(Completion, "the completion (application/json), or with stream=true its chunks "
                                        "(text/event-stream)", *_ERRORS))
-async def completions(request: Request, data: CompletionRequest) -> Completion | Stream | Response:
+async def completions(request: Request, data: CompletionRequest) -> Response:
     """Continue a prompt given as text or token ids, or a list of either (OpenAI's legacy completions)."""
     state = _state(request)
     body = data
@@ -190,7 +193,7 @@ async def completions(request: Request, data: CompletionRequest) -> Completion |
         for c in item.final.outputs:
             choices.append(CompletionChoice(item.index * n + c.index, prefix + c.text,
                                             completion_logprobs(c, top, len(prefix)), c.finish_reason))
-    return Completion(request_id, "text_completion", created, state.model_name, choices, _usage(submitted))
+    return Response(Completion(request_id, "text_completion", created, state.model_name, choices, _usage(submitted)))
 
 
 def _completion_events(state: ServerState, submitted: list[Submitted], body: CompletionRequest,

@@ -122,10 +122,19 @@ def build_document(litestar_document: dict[str, Any], api_key_required: bool, mo
 
 
 def _event_stream(chunk: str) -> dict[str, Any]:
-    return {"schema": {"type": "string", "description": f"server-sent events: one `data: <{chunk}>` per step "
-                                                       f"(an error mid-stream: `data: <ErrorResponse>`), then "
-                                                       f"`data: [DONE]`"},
-            "x-itemSchema": {"$ref": REF.format(name=chunk)}}
+    """The stream, one server-sent event at a time (OpenAPI 3.2's ``itemSchema``, which 3.1 tools read from ``schema``).
+
+    Each event is ``{"event": "message", "data": ...}``: ``data`` is a chunk as JSON, an error envelope
+    (an error after the status was sent), or the last event's ``[DONE]``.
+    """
+    payload = {"anyOf": [{"$ref": REF.format(name=chunk)}, {"$ref": REF.format(name="ErrorResponse")}]}
+    event = {"type": "object", "required": ["data"],
+             "description": f"server-sent events: one `data: <{chunk}>` per step (an error mid-stream: "
+                            f"`data: <ErrorResponse>`), then `data: [DONE]`",
+             "properties": {"event": {"const": "message"},
+                            "data": {"type": "string", "if": {"const": "[DONE]"}, "then": True,
+                                     "else": {"contentMediaType": "application/json", "contentSchema": payload}}}}
+    return {"schema": event}
 
 
 def _fill_token_id_range(node: Any, vocab_size: int | None) -> None:

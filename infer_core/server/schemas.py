@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
 from infer_core.sampling_params import SamplingParams
 from infer_core.server.errors import bad_request
@@ -20,10 +20,24 @@ from infer_core.server.errors import bad_request
 MAX_N = 128  # completions per prompt, as OpenAI's limit
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's limit
 
-NonEmptyStr = Annotated[StrictStr, Field(min_length=1)]
-NonNegative = Annotated[StrictInt, Field(ge=0)]
+
+def _whole_number(value: Any) -> Any:
+    """JSON Schema's integers include 2.0 (a number without a fraction), so the server reads 2.0 as 2."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# integers, or numbers without a fraction; not booleans and not strings of digits (the range is checked
+# on the integer, before the number is converted, so the JSON Schema keeps its minimum and maximum)
+_WHOLE = BeforeValidator(_whole_number)
+Int = Annotated[StrictInt, _WHOLE]
+Count = Annotated[StrictInt, Field(ge=1), _WHOLE]
+NonNegative = Annotated[StrictInt, Field(ge=0), _WHOLE]
+NumChoices = Annotated[StrictInt, Field(ge=1, le=MAX_N), _WHOLE]
+NumLogprobs = Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS), _WHOLE]
+TopK = Annotated[StrictInt, Field(ge=-1), _WHOLE]
 # a token id of the served model: /openapi.json states the largest once the model is loaded (openapi.py)
-TokenId = Annotated[StrictInt, Field(ge=0, json_schema_extra={"x-token-id": True})]
+TokenId = Annotated[StrictInt, Field(ge=0, json_schema_extra={"x-token-id": True}), _WHOLE]
+NonEmptyStr = Annotated[StrictStr, Field(min_length=1)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
 
@@ -64,7 +78,8 @@ class ToolCall(_Body):
 
 
 class ChatMessage(BaseModel):
-    """One message. Other keys (``reasoning_content``, …) reach the chat template as sent, for templates that read them."""
+    """One message. Other keys (``reasoning_content``, …) reach the chat template as sent, for the templates that
+    read them."""
 
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
@@ -96,17 +111,17 @@ class _SamplingFields(_Body):
     """The fields chat and completions share; null (or absent) means "the model's default, else OpenAI's"."""
 
     model: StrictStr | None = Field(None, description="the served model's name (GET /v1/models); absent: that one")
-    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(
+    max_tokens: Count | None = Field(
         None, description="most tokens to generate; prompt + max_tokens must fit the model's context "
                           "(max_model_len in GET /v1/models)")
     temperature: Annotated[float, Field(ge=0)] | None = Field(None, description="0 is greedy")
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    top_k: Annotated[StrictInt, Field(ge=-1)] | None = Field(None, description="0 or -1: off")
+    top_k: TopK | None = Field(None, description="0 or -1: off")
     min_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    n: Annotated[StrictInt, Field(ge=1, le=MAX_N)] | None = Field(None, description="completions per prompt")
+    n: NumChoices | None = Field(None, description="completions per prompt")
     stop: NonEmptyStr | list[NonEmptyStr] | None = Field(None, description="strings that end a completion")
     stop_token_ids: list[NonNegative] | None = Field(None, description="token ids that end a completion")
-    seed: StrictInt | None = Field(None, description="makes the samples reproducible (any integer, used mod 2**64)")
+    seed: Int | None = Field(None, description="makes the samples reproducible (any integer, used mod 2**64)")
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0)] | None = None
@@ -175,10 +190,10 @@ class ChatCompletionRequest(_SamplingFields):
                      {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}})]})
 
     messages: list[ChatMessage] = Field(min_length=1, description="the conversation, formatted by the chat template")
-    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(
+    max_completion_tokens: Count | None = Field(
         None, description="OpenAI's newer name for max_tokens; wins over it")
     logprobs: StrictBool | None = Field(None, description="return the sampled tokens' logprobs")
-    top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = Field(
+    top_logprobs: NumLogprobs | None = Field(
         None, description="alternatives per token; above 0 only with logprobs=true")
     add_generation_prompt: StrictBool | None = Field(None, description="end with the assistant's header (default)")
     chat_template_kwargs: dict[str, Any] | None = Field(
@@ -218,10 +233,10 @@ class CompletionRequest(_SamplingFields):
         list[TokenIds], Field(min_length=1)] = Field(
         description="a string, token ids, or a list of either (one choice group per prompt); token ids must be "
                     "in the model's vocabulary")
-    logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = Field(
+    logprobs: NumLogprobs | None = Field(
         None, description="return logprobs with this many alternatives per token")
     echo: StrictBool | None = Field(None, description="prefix each choice with its prompt (not with logprobs)")
-    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(
+    max_tokens: Count | None = Field(
         16, description="most tokens to generate (16 by default, as OpenAI); prompt + max_tokens must fit the "
                         "model's context; null: up to the context")
 

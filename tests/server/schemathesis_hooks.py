@@ -23,7 +23,8 @@ COUNTS = ("max_tokens", "max_completion_tokens", "min_tokens")
 
 
 def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An integer as JSON Schema counts them: 2 and 2.0 alike."""
+    return (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
 
 
 @schemathesis.hook

@@ -75,7 +75,7 @@ def test_json_nested_a_thousand_levels_in_an_ignored_field_is_400(http, opening)
     (b'{"prompt": "\\ud800 alone"}', "surrogate"),
     (b'{"prompt": "Hi", "prompt": "there"}', "twice"),
     (b'{"prompt": "Hi"', "not valid JSON"),
-    (b"", "not valid JSON"),
+    (b"", "empty"),
     (b"null", "JSON object"),
     (b'["prompt"]', "JSON object"),
     (b'{"prompt": "Hi", "add_special_tokens": NaN}', "NaN"),

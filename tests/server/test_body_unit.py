@@ -66,7 +66,7 @@ def test_encodings_and_shapes():
     assert decode_object(b'\xef\xbb\xbf{"a": 1}') == {"a": 1}
     assert decode_object(b'{"a": "\\ud83d\\ude00 \\\\ud800"}') == {"a": "\U0001f600 \\ud800"}
     for raw in ('{"a": 1}'.encode("utf-16"), '{"a": 1}'.encode("utf-16-be"), b'{"a": "\xff"}',
-                b'{"a": "\\udc00"}', b'{"a": 1, "a": 2}', b"[]", b"", b'{"a": Infinity}', b'{"a": 1e5' b"}x"):
+                b'{"a": "\\udc00"}', b'{"a": 1, "a": 2}', b"[]", b"", b'{"a": Infinity}', b'{"a": 1e5}x'):
         status, _ = _status(lambda raw=raw: decode_object(raw))
         assert status == 400, raw
 
@@ -102,6 +102,19 @@ def test_a_wrong_value_names_the_field_and_the_value():
     with pytest.raises(OpenAIError) as e:
         validate(CompletionRequest, {"prompt": ["a", 1]})
     assert e.value.param and e.value.param.startswith("prompt")
+
+
+def test_integers_are_what_json_schema_calls_integers():
+    body = validate(CompletionRequest, {"prompt": [1.0, 2], "max_tokens": 3.0, "seed": 1e20})
+    assert body.prompts() == [[1, 2]] and body.max_tokens == 3 and body.seed == 10**20
+    assert all(type(t) is int for t in body.prompts()[0])
+    for value in (2.5, True, "2", float("inf")):
+        with pytest.raises(OpenAIError) as e:
+            validate(CompletionRequest, {"prompt": "x", "max_tokens": value})
+        assert e.value.param == "max_tokens"
+    schema = CompletionRequest.model_json_schema()["properties"]
+    assert schema["max_tokens"]["anyOf"][0] == {"type": "integer", "minimum": 1}
+    assert schema["logprobs"]["anyOf"][0] == {"type": "integer", "minimum": 0, "maximum": 20}
 
 
 # the prompt's bound --------------------------------------------------------------------------------

@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 POSTS = ("/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize")
 GETS = ("/v1/models", "/v1/plugins", "/health")
 # the budget of the run: examples per operation and phase, and a wall-clock bound well inside the test's
-MAX_EXAMPLES = 12
-RUN_TIMEOUT_S = 240
+MAX_EXAMPLES = 6
+MAX_RESPONSE_S = 60  # the response-time check's limit: generous, a loaded 2-core machine runs the suite
+RUN_TIMEOUT_S = 900  # a guard against a hang, not the budget: that is MAX_EXAMPLES
 
 
 @pytest.fixture(scope="module")
@@ -76,15 +77,17 @@ def test_the_readme_links_the_document():
 
 
 def test_schemathesis_finds_no_failure_and_no_5xx(server, tmp_path):
-    """``schemathesis run`` with every check, a bounded budget and a fixed seed; generations kept short by hooks."""
+    """``schemathesis run`` with every check, a bounded budget, deterministic data; generations kept short by hooks."""
     report = tmp_path / "report.ndjson"
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "schemathesis_hooks",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, "-m", "schemathesis.cli", "run", f"{server.base_url}/openapi.json",
-               "--checks", "all", "--max-examples", str(MAX_EXAMPLES), "--seed", "1", "--workers", "1",
+               "--checks", "all", "--max-examples", str(MAX_EXAMPLES), "--workers", "1",
                "--phases", "examples,coverage,fuzzing", "--generation-deterministic", "--no-color",
-               "--request-timeout", "60", "--report", "ndjson", "--report-ndjson-path", str(report)]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env, cwd=tmp_path)
+               "--request-timeout", "90",
+               "--max-response-time", str(MAX_RESPONSE_S), "--report", "ndjson", "--report-ndjson-path", str(report)]
+    run = subprocess.run(command, check=False, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env,
+                         cwd=tmp_path)
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-6000:]
     statuses = _response_statuses(report)
@@ -96,7 +99,7 @@ def test_schemathesis_finds_no_failure_and_no_5xx(server, tmp_path):
 
 def _response_statuses(report: Path) -> list[int]:
     """The status of every response the run received, from its NDJSON event log."""
-    statuses = []
+    statuses: list[int] = []
     for line in report.read_text().splitlines():
         _collect_statuses(json.loads(line), statuses)
     return statuses
@@ -104,9 +107,8 @@ def _response_statuses(report: Path) -> list[int]:
 
 def _collect_statuses(node, statuses: list[int]) -> None:
     if isinstance(node, dict):
-        response = node.get("response")
-        if isinstance(response, dict) and isinstance(response.get("status_code"), int):
-            statuses.append(response["status_code"])
+        if isinstance(node.get("status_code"), int) and "elapsed" in node:  # a recorded response
+            statuses.append(node["status_code"])
         for value in node.values():
             _collect_statuses(value, statuses)
     elif isinstance(node, list):
