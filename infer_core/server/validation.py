@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from infer_core.server.errors import OpenAIError, bad_request
+from infer_core.server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -36,6 +37,11 @@ OTHER_API_FIELDS = frozenset({
     "return_tokens_as_token_ids", "spaces_between_special_tokens", "structural_tag", "structured_outputs",
     "truncate_prompt_tokens", "use_beam_search", "vllm_xargs", "refusal", "reasoning", "reasoning_content",
     "add_special_tokens"})
+
+# the fields of this server's other routes: a chat field sent to /v1/completions (top_logprobs beside
+# logprobs) is ignored there as before, not taken for a misspelling
+OWN_FIELDS = frozenset(name for model in (ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest)
+                       for name in model.model_fields)
 
 TYPO_CUTOFF = 0.8  # difflib's similarity ratio above which an unknown name is taken for a misspelling
 # pydantic names the union member it tried in ``loc`` ("str", "list[int]", "constrained-str"): not fields
@@ -72,7 +78,7 @@ def _check_names(model: type[BaseModel], data: Any, path: tuple[str, ...]) -> No
         return
     fields = model.model_fields
     for key in data:
-        if key in fields or key in OTHER_API_FIELDS or not isinstance(key, str):
+        if key in fields or key in OTHER_API_FIELDS or (not path and key in OWN_FIELDS) or not isinstance(key, str):
             continue
         if (match := did_you_mean(key, fields)) is not None:
             where = ".".join((*path, key))
