@@ -82,6 +82,11 @@ def _collector_paused(pause: bool) -> Iterator[None]:
         gc.enable()
 
 
+def require_ready(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+    """503 while the engine loads, drains or is dead: before the body is read, so no body's fault comes first."""
+    connection.app.state.server.require_ready()
+
+
 async def wait_for_disconnect(request: Request) -> None:
     """Return when the client goes away (the body must have been read already)."""
     while True:

@@ -13,7 +13,7 @@ from litestar.response import Stream
 from infer_core.outputs import RequestOutput
 from infer_core.server.errors import OpenAIError, bad_request, envelope
 from infer_core.server.generation import PromptInput, Submitted, collect, completion_budget, merged, submit
-from infer_core.server.http import DISCONNECTED, JSONBody, unless_disconnected
+from infer_core.server.http import DISCONNECTED, JSONBody, require_ready, unless_disconnected
 from infer_core.server.openapi import documented
 from infer_core.server.prompt_bound import check_text, check_token_ids
 from infer_core.server.response_schemas import (
@@ -83,7 +83,7 @@ def _chat_prompt(state: ServerState, body: ChatCompletionRequest) -> PromptInput
     return PromptInput(text, state.tokenizer.encode(text, add_special_tokens=False))
 
 
-@post("/v1/chat/completions", status_code=200, dto=JSONBody, return_dto=None,
+@post("/v1/chat/completions", status_code=200, dto=JSONBody, return_dto=None, guards=[require_ready],
       responses=documented(ChatCompletion, "the completion (application/json), or with stream=true its chunks "
                                            "(text/event-stream)", *_ERRORS))
 async def chat_completions(request: Request, data: ChatCompletionRequest) -> Response:
@@ -156,7 +156,7 @@ def _echo_text(state: ServerState, prompt: PromptInput) -> str:
     return state.tokenizer.decode(prompt.token_ids) if state.tokenizer is not None else ""
 
 
-@post("/v1/completions", status_code=200, dto=JSONBody, return_dto=None,
+@post("/v1/completions", status_code=200, dto=JSONBody, return_dto=None, guards=[require_ready],
       responses=documented(Completion, "the completion (application/json), or with stream=true its chunks "
                                        "(text/event-stream)", *_ERRORS))
 async def completions(request: Request, data: CompletionRequest) -> Response:
