@@ -14,12 +14,12 @@ from typing import Any
 
 from litestar import Litestar, Router
 from litestar.datastructures import State
-from litestar.openapi import OpenAPIConfig
 
 from infer_core.server.errors import EXCEPTION_HANDLERS
 from infer_core.server.http import require_api_key
 from infer_core.server.info_routes import detokenize, health, list_models, metrics, plugins, tokenize
 from infer_core.server.openai_routes import chat_completions, completions
+from infer_core.server.openapi import OpenAPIDocument, openapi_config, openapi_json
 from infer_core.server.state import ServerState, served_model_name
 from infer_core.settings import EngineSettings, load_settings
 
@@ -44,12 +44,12 @@ def create_app(settings: EngineSettings | None = None) -> Litestar:
     protected = Router("/", route_handlers=[chat_completions, completions, list_models, plugins, tokenize, detokenize],
                        guards=[require_api_key])
     return Litestar(
-        route_handlers=[protected, health, metrics],
+        route_handlers=[protected, health, metrics, openapi_json],
         lifespan=[lifespan],
-        state=State({"server": server}),
+        state=State({"server": server, "openapi": OpenAPIDocument(api_key_required=bool(settings.api_key))}),
         exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=settings.max_request_bytes,
-        openapi_config=OpenAPIConfig(title="infer", version=_version(), path="/docs"),
+        openapi_config=openapi_config(_version()),
         logging_config=None,
     )
 

@@ -11,7 +11,7 @@ import logging
 from typing import Any
 
 from litestar import Request, Response
-from litestar.exceptions import HTTPException
+from litestar.exceptions import HTTPException, ValidationException
 
 from infer_core.errors import EngineDeadError
 
@@ -19,7 +19,8 @@ logger = logging.getLogger(__name__)
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "invalid_request_error", 405: "invalid_request_error", 413: "invalid_request_error",
-          422: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable_error"}
+          415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+          503: "service_unavailable_error"}
 
 
 class OpenAIError(Exception):
@@ -53,14 +54,26 @@ def _openai_error_handler(_: Request, exc: OpenAIError) -> Response:
     return error_response(exc)
 
 
-def _http_exception_handler(_: Request, exc: HTTPException) -> Response:
+def _http_exception_handler(request: Request, exc: HTTPException) -> Response:
     status = exc.status_code
     message = exc.detail or "error"
     if status == 413:
-        message = "the request body is larger than the server accepts; raise --max-request-bytes or send less"
+        limit = getattr(request.app, "request_max_body_size", None)
+        accepted = f" ({limit:,} bytes)" if isinstance(limit, int) else ""
+        message = (f"the request body is larger than the server accepts{accepted}; raise --max-request-bytes or "
+                   f"send less")
     elif status == 404:
-        message = f"{exc.detail}: no such endpoint (see /docs for the API)" if exc.detail else "no such endpoint"
+        message = f"{exc.detail}: no such endpoint (the API: /openapi.json, /docs)" if exc.detail \
+            else "no such endpoint (the API: /openapi.json, /docs)"
+    elif isinstance(exc, ValidationException) and _is_missing_body(exc):
+        message = "the body is empty: send the request's fields as a JSON object with 'Content-Type: " \
+                  "application/json' (the API: /openapi.json)"
     return error_response(OpenAIError(status, message, headers=getattr(exc, "headers", None) or None))
+
+
+def _is_missing_body(exc: ValidationException) -> bool:
+    """Litestar's own check, for a typed ``data`` parameter and an empty body: the only one it makes here."""
+    return isinstance(exc.extra, list) and any(isinstance(e, dict) and e.get("key") == "data" for e in exc.extra)
 
 
 def _engine_dead_handler(_: Request, exc: EngineDeadError) -> Response:

@@ -2,66 +2,82 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from litestar import Request, Response, get, post
+from litestar.openapi.datastructures import ResponseSpec
 
 from infer_core.config import KINDS
 from infer_core.engine.engine_state import EngineState
 from infer_core.plugins_report import collect_status
 from infer_core.server.errors import OpenAIError, bad_request
-from infer_core.server.http import parse_body
+from infer_core.server.http import JSONBody
+from infer_core.server.openapi import documented
+from infer_core.server.prompt_bound import check_text
+from infer_core.server.response_schemas import (
+    ChosenImplementation,
+    DetokenizeResponse,
+    Health,
+    ImplementationStatus,
+    LoadedPlugin,
+    ModelCard,
+    ModelList,
+    PluginsReport,
+    TokenizeResponse,
+)
 from infer_core.server.schemas import DetokenizeRequest, TokenizeRequest
 from infer_core.server.state import ServerState, render_chat
+
+_ERRORS = (400, 404, 413, 415, 503)
 
 
 def _state(request: Request) -> ServerState:
     return request.app.state.server
 
 
-@get("/v1/models")
-async def list_models(request: Request) -> dict:
+@get("/v1/models", responses=documented(ModelList, "the served model"))
+async def list_models(request: Request) -> ModelList:
+    """The served model (OpenAI's model list), with its context length once loaded."""
     state = _state(request)
-    card = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "infer",
-            "root": state.model_name, "parent": None}
-    if state.max_model_len:
-        card["max_model_len"] = state.max_model_len
-    return {"object": "list", "data": [card]}
+    card = ModelCard(state.model_name, "model", state.created, "infer", state.model_name, None,
+                     state.max_model_len or None)
+    return ModelList("list", [card])
 
 
-@get("/health")
-async def health(request: Request) -> Response:
+@get("/health", responses={
+    200: ResponseSpec(Health, description="ready and making progress", generate_examples=False),
+    503: ResponseSpec(Health, description="loading, draining, dead, stopped, or stalled", generate_examples=False)})
+async def health(request: Request) -> Response[Health]:
     """200 when ready and making progress; 503 while loading, draining, dead or stuck."""
     engine = _state(request).engine
     if engine.is_healthy:
-        return Response({"status": "ok"}, status_code=200)
+        return Response(Health("ok"), status_code=200)
     state = engine.state.value if engine.state is not EngineState.READY else "stalled"
-    return Response({"status": state, "detail": engine.unavailable_reason() if state != "stalled" else
-                     "a step has run for too long"}, status_code=503)
+    return Response(Health(state, engine.unavailable_reason() if state != "stalled" else
+                           "a step has run for too long"), status_code=503)
 
 
-@get("/metrics", media_type="text/plain; version=0.0.4; charset=utf-8")
+@get("/metrics", media_type="text/plain; version=0.0.4; charset=utf-8",
+     response_description="Prometheus metrics under vLLM's names with the infer: prefix")
 async def metrics(request: Request) -> bytes:
     return _state(request).metrics.render()
 
 
-@get("/v1/plugins")
-async def plugins(request: Request) -> dict:
+@get("/v1/plugins", responses=documented(PluginsReport, "the resolved engine and every installed implementation",
+                                          503))
+async def plugins(request: Request) -> PluginsReport:
     """The resolved engine: the implementation of each kind, and everything installed."""
     state = _state(request)
     spec = state.spec
     if spec is None:
         raise OpenAIError(503, state.engine.unavailable_reason(), headers={"Retry-After": "5"})
-    chosen = {kind: {"name": impl.name, "distribution": impl.distribution, "version": impl.version}
+    chosen = {kind: ChosenImplementation(impl.name, impl.distribution, impl.version)
               for kind, impl in spec.chosen.items() if kind in KINDS}
     selected = {kind: impl.name for kind, impl in spec.chosen.items()}
-    installed = [{**asdict(row), "aliases": list(row.aliases), "reasons": list(row.reasons)}
+    installed = [ImplementationStatus(row.kind, row.name, list(row.aliases), row.distribution, row.version,
+                                      row.can_run, list(row.reasons), row.selected)
                  for row in collect_status(spec.catalog, spec.context, selected)]
-    plugins_loaded = [{"name": name, "distribution": dist, "version": version}
-                      for name, (dist, version) in spec.catalog.plugins.items()]
-    return {"object": "plugins", "model": state.model_name, "architecture": spec.context.model.architecture,
-            "device": str(spec.context.device), "dtype": spec.context.dtype, "block_size": spec.config.block_size,
-            "chosen": chosen, "plugins": plugins_loaded, "implementations": installed}
+    plugins_loaded = [LoadedPlugin(name, dist, version) for name, (dist, version) in spec.catalog.plugins.items()]
+    return PluginsReport("plugins", state.model_name, spec.context.model.architecture, str(spec.context.device),
+                         spec.context.dtype, spec.config.block_size, chosen, plugins_loaded, installed)
 
 
 def _tokenizer(state: ServerState):
@@ -71,36 +87,43 @@ def _tokenizer(state: ServerState):
     return state.tokenizer
 
 
-@post("/tokenize", status_code=200)
-async def tokenize(request: Request) -> dict:
+@post("/tokenize", status_code=200, dto=JSONBody, return_dto=None,
+      responses=documented(TokenizeResponse, "the token ids, their count, and the context length", *_ERRORS))
+async def tokenize(request: Request, data: TokenizeRequest) -> TokenizeResponse:
+    """A prompt, or chat messages through the chat template, as token ids (vLLM's /tokenize)."""
     state = _state(request)
-    body = await parse_body(request, TokenizeRequest)
+    body = data
     state.check_model(body.model)
     tokenizer = _tokenizer(state)
-    if (body.prompt is None) == (body.messages is None):
-        raise bad_request("send exactly one of prompt and messages", param="prompt")
     if body.prompt is not None:
         special = body.add_special_tokens is not False
-        ids = await state.tokenize(lambda: tokenizer.encode(body.prompt, add_special_tokens=special))
+        prompt = body.prompt
+
+        check_text(tokenizer, prompt, state.max_model_len, "your prompt is", "prompt", reserve=0)
+        ids = await state.tokenize(lambda: tokenizer.encode(prompt, add_special_tokens=special))
     else:
         add_generation_prompt = body.add_generation_prompt is not False
 
-        def render_and_encode() -> list[int]:
+        def render_bound_and_encode() -> list[int]:
             text = render_chat(state, body.messages, add_generation_prompt)
+            check_text(tokenizer, text, state.max_model_len, "the messages, formatted by the chat template, are",
+                       "messages", reserve=0)
             return tokenizer.encode(text, add_special_tokens=False)
 
-        ids = await state.tokenize(render_and_encode)
-    return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
+        ids = await state.tokenize(render_bound_and_encode)
+    return TokenizeResponse(ids, len(ids), state.max_model_len)
 
 
-@post("/detokenize", status_code=200)
-async def detokenize(request: Request) -> dict:
+@post("/detokenize", status_code=200, dto=JSONBody, return_dto=None,
+      responses=documented(DetokenizeResponse, "the text of the token ids", *_ERRORS))
+async def detokenize(request: Request, data: DetokenizeRequest) -> DetokenizeResponse:
+    """Token ids back to text (vLLM's /detokenize)."""
     state = _state(request)
-    body = await parse_body(request, DetokenizeRequest)
+    body = data
     state.check_model(body.model)
     tokenizer = _tokenizer(state)
     vocab = len(tokenizer)
-    bad = [t for t in body.tokens if not 0 <= t < vocab]
+    bad = [t for t in body.tokens if t >= vocab]
     if bad:
         raise bad_request(f"tokens must be in [0, {vocab}); got {bad[:5]}", param="tokens")
-    return {"prompt": await state.tokenize(tokenizer.decode, body.tokens)}
+    return DetokenizeResponse(await state.tokenize(tokenizer.decode, body.tokens))

@@ -1,4 +1,4 @@
-"""POST /v1/chat/completions and POST /v1/completions."""
+"""POST /v1/chat/completions and POST /v1/completions: typed bodies in, typed completions or SSE chunks out."""
 
 from __future__ import annotations
 
@@ -13,33 +13,45 @@ from litestar.response import Stream
 from infer_core.outputs import RequestOutput
 from infer_core.server.errors import OpenAIError, bad_request, envelope
 from infer_core.server.generation import PromptInput, Submitted, collect, completion_budget, merged, submit
-from infer_core.server.http import DISCONNECTED, parse_body, unless_disconnected
+from infer_core.server.http import DISCONNECTED, JSONBody, require_ready, unless_disconnected
+from infer_core.server.openapi import documented
+from infer_core.server.prompt_bound import check_text, check_token_ids
+from infer_core.server.response_schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    Completion,
+    CompletionChoice,
+    Usage,
+)
 from infer_core.server.responses import DONE, chat_logprobs, completion_logprobs, sse, usage
 from infer_core.server.schemas import ChatCompletionRequest, CompletionRequest
 from infer_core.server.state import ServerState, render_chat
 
-MAX_N = 128  # completions per prompt, as OpenAI's limit
 CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, the log does
+_ERRORS = (400, 404, 413, 415, 503)
 
 
 def _state(request: Request) -> ServerState:
     return request.app.state.server
 
 
-def _usage(submitted: list[Submitted]) -> dict[str, Any]:
+def _usage(submitted: list[Submitted]) -> Usage:
     prompt = sum(len(s.prompt.token_ids) for s in submitted)
     completion = sum(len(c.token_ids) for s in submitted if s.final for c in s.final.outputs)
     cached = sum(s.final.num_cached_tokens for s in submitted if s.final)
     return usage(prompt, completion, cached)
 
 
-def _stream_response(events: AsyncIterator[str]) -> Stream:
+# The handlers return Responses only: with a body type in their annotation, Litestar would give every
+# response, the stream's too, that type's media type (application/json).
+def _stream_response(events: AsyncIterator[bytes]) -> Stream:
     return Stream(events, media_type="text/event-stream",
                   headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 async def _sse_events(state: ServerState, submitted: list[Submitted], chunks, include_usage: bool,
-                      base: dict[str, Any]) -> AsyncIterator[str]:
+                      base: dict[str, Any]) -> AsyncIterator[bytes]:
     """Shared SSE loop: the chunks of each output, an optional usage chunk, then [DONE]."""
     try:
         async for item, output in merged(state, submitted):
@@ -55,33 +67,31 @@ async def _sse_events(state: ServerState, submitted: list[Submitted], chunks, in
 
 
 def _check_common(state: ServerState, body: ChatCompletionRequest | CompletionRequest, num_prompts: int) -> None:
-    """Checks chat and completions share, before any tokenizing: model, readiness, n, queue room."""
+    """Checks chat and completions share, before any tokenizing: model, readiness, queue room."""
     state.check_model(body.model)
     state.require_ready()
-    if body.stream_options is not None and not body.is_stream:
-        raise bad_request("stream_options is only allowed with stream=true", param="stream_options")
-    if not 1 <= body.num_choices <= MAX_N:
-        raise bad_request(f"n must be an integer in [1, {MAX_N}], got {body.num_choices}", param="n")
     state.check_queue(num_prompts * body.num_choices)
 
 
 # chat ------------------------------------------------------------------------------------------
 
 def _chat_prompt(state: ServerState, body: ChatCompletionRequest) -> PromptInput:
-    """Render and tokenize the conversation (runs on the tokenizer thread)."""
+    """Render, bound and tokenize the conversation (runs on the tokenizer thread)."""
     text = render_chat(state, body.messages, body.add_generation_prompt is not False, body.template_kwargs())
+    check_text(state.tokenizer, text, state.max_model_len, "the messages, formatted by the chat template, are",
+               "messages")
     return PromptInput(text, state.tokenizer.encode(text, add_special_tokens=False))
 
 
-@post("/v1/chat/completions", status_code=200)
-async def chat_completions(request: Request) -> Response | Stream:
+@post("/v1/chat/completions", status_code=200, dto=JSONBody, return_dto=None, guards=[require_ready],
+      responses=documented(ChatCompletion, "the completion (application/json), or with stream=true its chunks "
+                                           "(text/event-stream)", *_ERRORS))
+async def chat_completions(request: Request, data: ChatCompletionRequest) -> Response:
+    """Chat through the model's chat template (OpenAI's chat completions)."""
     state = _state(request)
-    body = await parse_body(request, ChatCompletionRequest)
+    body = data
     _check_common(state, body, num_prompts=1)
-    try:
-        num_logprobs = body.num_logprobs()
-    except ValueError as e:
-        raise bad_request(str(e), param="top_logprobs") from None
+    num_logprobs = body.num_logprobs()
     prompt = await state.tokenize(_chat_prompt, state, body)
     max_tokens = completion_budget(state, len(prompt.token_ids), body.requested_max_tokens(),
                                    "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
@@ -89,18 +99,19 @@ async def chat_completions(request: Request) -> Response | Stream:
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     submitted = await submit(state, request_id, [prompt],
                              lambda p: body.sampling_params(state.defaults, max_tokens, num_logprobs))
-    base = {"id": request_id, "created": int(time.time()), "model": state.model_name}
+    created = int(time.time())
     top = num_logprobs or 0
     if body.is_stream:
-        base["object"] = "chat.completion.chunk"
+        base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": state.model_name}
         return _stream_response(_chat_events(state, submitted, body, base, top))
     done = await unless_disconnected(request, collect(state, submitted))
     if done is DISCONNECTED:
         return Response(b"", status_code=CLIENT_CLOSED)
     final = submitted[0].final
-    choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                "logprobs": chat_logprobs(c, top), "finish_reason": c.finish_reason} for c in final.outputs]
-    return Response({**base, "object": "chat.completion", "choices": choices, "usage": _usage(submitted)})
+    choices = [ChatChoice(c.index, AssistantMessage("assistant", c.text), chat_logprobs(c, top), c.finish_reason)
+               for c in final.outputs]
+    return Response(ChatCompletion(request_id, "chat.completion", created, state.model_name, choices,
+                                   _usage(submitted)))
 
 
 def _chat_events(state: ServerState, submitted: list[Submitted], body: ChatCompletionRequest, base: dict[str, Any],
@@ -127,20 +138,16 @@ def _chat_events(state: ServerState, submitted: list[Submitted], body: ChatCompl
 
 # completions -----------------------------------------------------------------------------------
 
-def _completion_prompts(state: ServerState, raw: list[str | list[int]]) -> list[PromptInput]:
+def _bound_texts(state: ServerState, texts: list[str]) -> None:
+    """400 for a prompt that cannot fit the context, before it waits for the tokenizer thread."""
+    for index, text in enumerate(texts):
+        what = f"prompt {index} is" if len(texts) > 1 else "your prompt is"
+        check_text(state.tokenizer, text, state.max_model_len, what, "prompt")
+
+
+def _text_prompts(state: ServerState, texts: list[str]) -> list[PromptInput]:
     """Tokenize the prompts given as text (runs on the tokenizer thread)."""
-    tokenizer = state.tokenizer
-    prompts = []
-    for p in raw:
-        if isinstance(p, str):
-            if tokenizer is None:
-                raise bad_request("this model has no tokenizer: send the prompt as token ids", param="prompt")
-            prompts.append(PromptInput(p, tokenizer.encode(p)))
-        else:
-            if not p:
-                raise bad_request("a prompt of token ids is empty", param="prompt")
-            prompts.append(PromptInput(None, list(p)))
-    return prompts
+    return [PromptInput(text, state.tokenizer.encode(text)) for text in texts]
 
 
 def _echo_text(state: ServerState, prompt: PromptInput) -> str:
@@ -149,28 +156,33 @@ def _echo_text(state: ServerState, prompt: PromptInput) -> str:
     return state.tokenizer.decode(prompt.token_ids) if state.tokenizer is not None else ""
 
 
-@post("/v1/completions", status_code=200)
-async def completions(request: Request) -> Response | Stream:
+@post("/v1/completions", status_code=200, dto=JSONBody, return_dto=None, guards=[require_ready],
+      responses=documented(Completion, "the completion (application/json), or with stream=true its chunks "
+                                       "(text/event-stream)", *_ERRORS))
+async def completions(request: Request, data: CompletionRequest) -> Response:
+    """Continue a prompt given as text or token ids, or a list of either (OpenAI's legacy completions)."""
     state = _state(request)
-    body = await parse_body(request, CompletionRequest)
-    try:
-        raw = body.prompts()
-    except ValueError as e:
-        raise bad_request(str(e), param="prompt") from None
+    body = data
+    raw = body.prompts()
     _check_common(state, body, num_prompts=len(raw))
-    if body.echo and body.logprobs is not None:
-        raise bad_request("echo together with logprobs is not supported (prompt logprobs are not computed)",
-                          param="echo")
-    prompts = await state.tokenize(_completion_prompts, state, raw)
+    if isinstance(raw[0], str):
+        if state.tokenizer is None:
+            raise bad_request("this model has no tokenizer: send the prompt as token ids", param="prompt")
+        _bound_texts(state, raw)
+        prompts = await state.tokenize(_text_prompts, state, raw)
+    else:
+        check_token_ids(raw, len(state.tokenizer) if state.tokenizer is not None else None)
+        prompts = [PromptInput(None, ids) for ids in raw]
     budgets = {id(p): completion_budget(state, len(p.token_ids), body.max_tokens, "max_tokens", prompt_param="prompt")
                for p in prompts}
     request_id = f"cmpl-{uuid.uuid4().hex}"
     submitted = await submit(state, request_id, prompts,
                              lambda p: body.sampling_params(state.defaults, budgets[id(p)], body.logprobs))
-    base = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": state.model_name}
+    created = int(time.time())
     n = body.num_choices
     top = body.logprobs or 0
     if body.is_stream:
+        base = {"id": request_id, "object": "text_completion", "created": created, "model": state.model_name}
         return _stream_response(_completion_events(state, submitted, body, base, top))
     done = await unless_disconnected(request, collect(state, submitted))
     if done is DISCONNECTED:
@@ -179,9 +191,9 @@ async def completions(request: Request) -> Response | Stream:
     for item in submitted:
         prefix = _echo_text(state, item.prompt) if body.echo else ""
         for c in item.final.outputs:
-            choices.append({"index": item.index * n + c.index, "text": prefix + c.text,
-                            "logprobs": completion_logprobs(c, top, len(prefix)), "finish_reason": c.finish_reason})
-    return Response({**base, "choices": choices, "usage": _usage(submitted)})
+            choices.append(CompletionChoice(item.index * n + c.index, prefix + c.text,
+                                            completion_logprobs(c, top, len(prefix)), c.finish_reason))
+    return Response(Completion(request_id, "text_completion", created, state.model_name, choices, _usage(submitted)))
 
 
 def _completion_events(state: ServerState, submitted: list[Submitted], body: CompletionRequest,
@@ -202,7 +214,7 @@ def _completion_events(state: ServerState, submitted: list[Submitted], body: Com
             logprobs = None
             if c.delta_token_ids and c.logprobs is not None:
                 logprobs = completion_logprobs(c, top, offsets.get(index, 0), delta_only=True)
-                offsets[index] = offsets.get(index, 0) + sum(len(t) for t in logprobs["tokens"])
+                offsets[index] = offsets.get(index, 0) + sum(len(t) for t in logprobs.tokens)
             yield {"choices": [{"index": index, "text": text, "logprobs": logprobs,
                                 "finish_reason": c.finish_reason if c.finished else None}]}
 

@@ -1,25 +1,35 @@
-"""OpenAI response objects built from RequestOutputs: choices, logprobs, usage, stream chunks."""
+"""OpenAI response objects built from RequestOutputs: choices, logprobs, usage, stream events."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+import msgspec
+
 from infer_core.outputs import CompletionOutput, Logprob
+from infer_core.server.response_schemas import (
+    ChatLogprobs,
+    ChatTokenLogprob,
+    CompletionLogprobs,
+    PromptTokensDetails,
+    TopLogprob,
+    Usage,
+)
 
-DONE = "data: [DONE]\n\n"
+DONE = b"data: [DONE]\n\n"
+MIN_LOGPROB = -9999.0  # -inf has no JSON spelling; OpenAI clients read this as "never"
+
+_encode = msgspec.json.Encoder().encode
 
 
-def sse(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+def sse(payload: dict[str, Any]) -> bytes:
+    """One server-sent event; the payload may hold response structs."""
+    return b"data: " + _encode(payload) + b"\n\n"
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                            "total_tokens": prompt_tokens + completion_tokens}
-    if cached_tokens:
-        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
-    return body
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> Usage:
+    details = PromptTokensDetails(cached_tokens) if cached_tokens else None
+    return Usage(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens, details)
 
 
 def _new_logprobs(completion: CompletionOutput, delta_only: bool) -> list[tuple[int, dict[int, Logprob]]]:
@@ -41,25 +51,28 @@ def _token_text(token_id: int, lp: Logprob) -> str:
     return lp.decoded_token if lp.decoded_token is not None else f"<token {token_id}>"
 
 
-def chat_logprobs(completion: CompletionOutput, num_top: int, delta_only: bool = False) -> dict[str, Any] | None:
+def _logprob(lp: Logprob) -> float:
+    return max(lp.logprob, MIN_LOGPROB)
+
+
+def chat_logprobs(completion: CompletionOutput, num_top: int, delta_only: bool = False) -> ChatLogprobs | None:
     """``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}`` as the chat API."""
     if completion.logprobs is None:
         return None
-
-    def item(token_id: int, lp: Logprob) -> dict[str, Any]:
-        text = _token_text(token_id, lp)
-        return {"token": text, "logprob": max(lp.logprob, -9999.0), "bytes": list(text.encode("utf-8"))}
-
     content = []
     for token_id, entries in _new_logprobs(completion, delta_only):
         sampled = entries[token_id]
-        top = [item(tid, lp) for tid, lp in _top(entries, num_top)]
-        content.append({**item(token_id, sampled), "top_logprobs": top})
-    return {"content": content}
+        text = _token_text(token_id, sampled)
+        top = []
+        for tid, lp in _top(entries, num_top):
+            alternative = _token_text(tid, lp)
+            top.append(TopLogprob(alternative, _logprob(lp), list(alternative.encode("utf-8"))))
+        content.append(ChatTokenLogprob(text, _logprob(sampled), list(text.encode("utf-8")), top))
+    return ChatLogprobs(content)
 
 
 def completion_logprobs(completion: CompletionOutput, num_top: int, text_offset: int,
-                        delta_only: bool = False) -> dict[str, Any] | None:
+                        delta_only: bool = False) -> CompletionLogprobs | None:
     """``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`` as the completions API."""
     if completion.logprobs is None:
         return None
@@ -69,8 +82,8 @@ def completion_logprobs(completion: CompletionOutput, num_top: int, text_offset:
         sampled = entries[token_id]
         text = _token_text(token_id, sampled)
         tokens.append(text)
-        token_logprobs.append(max(sampled.logprob, -9999.0))
-        tops.append({_token_text(tid, lp): max(lp.logprob, -9999.0) for tid, lp in _top(entries, num_top)} or None)
+        token_logprobs.append(_logprob(sampled))
+        tops.append({_token_text(tid, lp): _logprob(lp) for tid, lp in _top(entries, num_top)} or None)
         offsets.append(offset)
         offset += len(text)
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+    return CompletionLogprobs(tokens, token_logprobs, tops, offsets)

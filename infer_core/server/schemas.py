@@ -1,49 +1,93 @@
-"""Request bodies of the OpenAI-compatible API, as pydantic models.
+"""Request bodies of the OpenAI-compatible API, as pydantic models; /openapi.json is generated from them.
 
-Unknown fields are ignored (clients send ``user``, ``tools``, vendor extras); known fields are
-type-checked here and range-checked by ``SamplingParams``, so each 400 names the field.
+The constraints here are the server's own (SamplingParams' ranges, OpenAI's limits), so a body the
+schema allows is one the server serves, and a 400 names the field. Unknown fields are ignored
+(clients send extras and fields of newer API versions), except a near-miss of a field name, which is
+a 400 with "did you mean" (``validation.py``). Rules that span fields are in each schema as JSON
+Schema ``if``/``then`` and checked by ``check()``; "min_tokens <= max_tokens" and "prompt +
+completion fit the context" cannot be written in JSON Schema, so the field descriptions say them.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
 from infer_core.sampling_params import SamplingParams
+from infer_core.server.errors import bad_request
 
-Number = float | int
+MAX_N = 128  # completions per prompt, as OpenAI's limit
+MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's limit
 
 
-def _number(name: str, value: float | int) -> float:
-    """A float field's value; an integer too large for a float is the client's error, named."""
-    try:
-        return float(value)
-    except OverflowError:
-        raise ValueError(f"{name} must be a finite number, got an integer of {len(str(value))} digits") from None
+def _whole_number(value: Any) -> Any:
+    """JSON Schema's integers include 2.0 (a number without a fraction), so the server reads 2.0 as 2."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# integers, or numbers without a fraction; not booleans and not strings of digits (the range is checked
+# on the integer, before the number is converted, so the JSON Schema keeps its minimum and maximum)
+_WHOLE = BeforeValidator(_whole_number)
+Int = Annotated[StrictInt, _WHOLE]
+Count = Annotated[StrictInt, Field(ge=1), _WHOLE]
+NonNegative = Annotated[StrictInt, Field(ge=0), _WHOLE]
+NumChoices = Annotated[StrictInt, Field(ge=1, le=MAX_N), _WHOLE]
+NumLogprobs = Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS), _WHOLE]
+TopK = Annotated[StrictInt, Field(ge=-1), _WHOLE]
+# a token id of the served model: /openapi.json states the largest once the model is loaded (openapi.py)
+TokenId = Annotated[StrictInt, Field(ge=0, json_schema_extra={"x-token-id": True}), _WHOLE]
+NonEmptyStr = Annotated[StrictStr, Field(min_length=1)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # strict: "1.5" is not a number and true is not 1; no NaN or infinities (1e400 parses as one)
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+    def check(self) -> None:
+        """The rules that span fields (the schema's ``if``/``then``); 400 naming the field."""
 
 
 class StreamOptions(_Body):
-    include_usage: StrictBool | None = None
+    include_usage: StrictBool | None = Field(None, description="end the stream with a chunk holding `usage`")
 
 
-class ContentPart(_Body):
-    type: str
-    text: str | None = None
+class TextPart(_Body):
+    type: Literal["text"]
+    text: StrictStr
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _only_text(cls, value: Any) -> Any:
+        if isinstance(value, str) and value != "text":
+            raise ValueError(f"content parts of type {value!r} are not supported (the model reads text); "
+                             f"send text parts")
+        return value
+
+
+class ToolCallFunction(_Body):
+    name: StrictStr
+    arguments: StrictStr = Field(description="the arguments as a JSON string")
+
+
+class ToolCall(_Body):
+    id: StrictStr
+    type: Literal["function"]
+    function: ToolCallFunction
 
 
 class ChatMessage(BaseModel):
-    """One message; fields besides these (``tool_calls``, ``tool_call_id``) reach the chat template as sent."""
+    """One message. Other keys (``reasoning_content``, …) reach the chat template as sent, for the templates that
+    read them."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
+    content: StrictStr | list[TextPart] | None = Field(None, description="text, or a list of text parts")
+    name: StrictStr | None = None
+    tool_calls: list[ToolCall] | None = Field(None, description="an assistant's earlier calls, for the template")
+    tool_call_id: StrictStr | None = Field(None, description="which call a tool message answers")
 
     def for_template(self) -> dict[str, Any]:
         """The message as the chat template reads it: content as text, unset fields left out."""
@@ -52,43 +96,53 @@ class ChatMessage(BaseModel):
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
-        pieces = []
-        for part in self.content:
-            if part.type != "text" or part.text is None:
-                raise ValueError(f"content parts of type {part.type!r} are not supported; send text parts")
-            pieces.append(part.text)
-        return "".join(pieces)
+        return "".join(part.text for part in self.content)
+
+
+def _conditional(if_present: str, if_schema: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:
+    return {"if": {"required": [if_present], "properties": {if_present: if_schema}}, "then": then}
+
+
+_STREAM_OPTIONS_NEED_STREAM = _conditional("stream_options", {"type": "object"},
+                                           {"required": ["stream"], "properties": {"stream": {"const": True}}})
 
 
 class _SamplingFields(_Body):
-    """The fields chat and completions share; None (or absent) means "the model's default, else OpenAI's"."""
+    """The fields chat and completions share; null (or absent) means "the model's default, else OpenAI's"."""
 
-    model: str | None = None
-    max_tokens: StrictInt | None = None
-    temperature: Number | None = None
-    top_p: Number | None = None
-    top_k: StrictInt | None = None
-    min_p: Number | None = None
-    n: StrictInt | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[StrictInt] | None = None
-    seed: StrictInt | None = None
-    presence_penalty: Number | None = None
-    frequency_penalty: Number | None = None
-    repetition_penalty: Number | None = None
-    stream: StrictBool | None = None
-    stream_options: StreamOptions | None = None
+    model: StrictStr | None = Field(None, description="the served model's name (GET /v1/models); absent: that one")
+    max_tokens: Count | None = Field(
+        None, description="most tokens to generate; prompt + max_tokens must fit the model's context "
+                          "(max_model_len in GET /v1/models)")
+    temperature: Annotated[float, Field(ge=0)] | None = Field(None, description="0 is greedy")
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_k: TopK | None = Field(None, description="0 or -1: off")
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    n: NumChoices | None = Field(None, description="completions per prompt")
+    stop: NonEmptyStr | list[NonEmptyStr] | None = Field(None, description="strings that end a completion")
+    stop_token_ids: list[NonNegative] | None = Field(None, description="token ids that end a completion")
+    seed: Int | None = Field(None, description="makes the samples reproducible (any integer, used mod 2**64)")
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0)] | None = None
+    stream: StrictBool | None = Field(None, description="answer as server-sent events, one chunk per step")
+    stream_options: StreamOptions | None = Field(None, description="only with stream=true")
     ignore_eos: StrictBool | None = None
-    min_tokens: StrictInt | None = None
-    skip_special_tokens: StrictBool | None = None
-    user: Any = None  # accepted and ignored, as vLLM
+    min_tokens: NonNegative | None = Field(
+        None, description="tokens to generate before a stop may end the completion; at most max_tokens")
+    skip_special_tokens: StrictBool | None = Field(None, description="leave special tokens out of the text (default)")
+    user: StrictStr | None = Field(None, description="OpenAI's end-user id: accepted, not used by this server")
 
-    @field_validator("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-                     "repetition_penalty", mode="before")
+    @field_validator("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                     mode="before")
     @classmethod
-    def _no_bool_numbers(cls, value: Any) -> Any:
-        if isinstance(value, bool):
-            raise ValueError("must be a number, not a boolean")
+    def _finite_float(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            try:
+                float(value)
+            except OverflowError:
+                raise ValueError(f"must be a number within a double's range, got an integer of "
+                                 f"{len(str(abs(value)))} digits") from None
         return value
 
     @property
@@ -106,6 +160,10 @@ class _SamplingFields(_Body):
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 
+    def check(self) -> None:
+        if self.stream_options is not None and not self.is_stream:
+            raise bad_request("stream_options is only allowed with stream=true", param="stream_options")
+
     def sampling_params(self, defaults: dict[str, Any], max_tokens: int, logprobs: int | None) -> SamplingParams:
         """SamplingParams for this body; ValueError (naming the field) on a bad value."""
 
@@ -113,76 +171,109 @@ class _SamplingFields(_Body):
             value = getattr(self, name)
             return value if value is not None else defaults.get(name, fallback)
 
-        def number(name: str, fallback: float) -> float:
-            return _number(name, pick(name, fallback))
-
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(
-            n=self.num_choices, temperature=number("temperature", 1.0), top_p=number("top_p", 1.0),
-            top_k=int(pick("top_k", 0)), min_p=number("min_p", 0.0), seed=self.seed,
-            presence_penalty=number("presence_penalty", 0.0), frequency_penalty=number("frequency_penalty", 0.0),
-            repetition_penalty=number("repetition_penalty", 1.0), max_tokens=max_tokens,
+            n=self.num_choices, temperature=float(pick("temperature", 1.0)), top_p=float(pick("top_p", 1.0)),
+            top_k=int(pick("top_k", 0)), min_p=float(pick("min_p", 0.0)), seed=self.seed,
+            presence_penalty=float(pick("presence_penalty", 0.0)),
+            frequency_penalty=float(pick("frequency_penalty", 0.0)),
+            repetition_penalty=float(pick("repetition_penalty", 1.0)), max_tokens=max_tokens,
             min_tokens=pick("min_tokens", 0), stop=stop, stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=bool(self.ignore_eos), logprobs=logprobs,
             skip_special_tokens=True if self.skip_special_tokens is None else self.skip_special_tokens)
 
 
 class ChatCompletionRequest(_SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: StrictInt | None = None
-    logprobs: StrictBool | None = None
-    top_logprobs: StrictInt | None = None
-    add_generation_prompt: StrictBool | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
+    model_config = ConfigDict(json_schema_extra={"allOf": [
+        _STREAM_OPTIONS_NEED_STREAM,
+        _conditional("top_logprobs", {"type": "integer", "minimum": 1},
+                     {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}})]})
+
+    messages: list[ChatMessage] = Field(min_length=1, description="the conversation, formatted by the chat template")
+    max_completion_tokens: Count | None = Field(
+        None, description="OpenAI's newer name for max_tokens; wins over it")
+    logprobs: StrictBool | None = Field(None, description="return the sampled tokens' logprobs")
+    top_logprobs: NumLogprobs | None = Field(
+        None, description="alternatives per token; above 0 only with logprobs=true")
+    add_generation_prompt: StrictBool | None = Field(None, description="end with the assistant's header (default)")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="extra variables for the chat template (e.g. enable_thinking); keys that name the "
+                          "template call's own arguments (chat_template, tools, documents, …) are left out")
 
     def template_kwargs(self) -> dict[str, Any]:
         """Extra template variables; a client may not swap the template or the call's own arguments."""
-        reserved = {"chat_template", "conversation", "tokenize", "add_generation_prompt", "tools", "documents"}
-        return {k: v for k, v in (self.chat_template_kwargs or {}).items() if k not in reserved}
+        return {k: v for k, v in (self.chat_template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_KWARGS}
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    def check(self) -> None:
+        super().check()
+        if self.top_logprobs and not self.logprobs:
+            raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
+
     def num_logprobs(self) -> int | None:
         """SamplingParams.logprobs: None, or how many alternatives besides the sampled token."""
-        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= 20:
-            raise ValueError(f"top_logprobs must be an integer in [0, 20], got {self.top_logprobs}")
-        if not self.logprobs:
-            if self.top_logprobs:
-                raise ValueError("top_logprobs needs logprobs=true")
-            return None
-        return self.top_logprobs or 0
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
-Prompt = str | list[StrictInt] | list[str] | list[list[StrictInt]]
+# apply_chat_template's own arguments: a request's chat_template_kwargs cannot set them
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "chat_template", "conversation", "messages", "tokenize", "add_generation_prompt", "continue_final_message",
+    "tools", "documents", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs"})
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: Prompt
-    logprobs: StrictInt | None = None
-    echo: StrictBool | None = None
-    max_tokens: StrictInt | None = 16  # the completions API's default, as OpenAI
+    model_config = ConfigDict(json_schema_extra={"allOf": [
+        _STREAM_OPTIONS_NEED_STREAM,
+        _conditional("echo", {"const": True}, {"properties": {"logprobs": {"type": "null"}}})]})
+
+    prompt: NonEmptyStr | TokenIds | Annotated[list[NonEmptyStr], Field(min_length=1)] | Annotated[
+        list[TokenIds], Field(min_length=1)] = Field(
+        description="a string, token ids, or a list of either (one choice group per prompt); token ids must be "
+                    "in the model's vocabulary")
+    logprobs: NumLogprobs | None = Field(
+        None, description="return logprobs with this many alternatives per token")
+    echo: StrictBool | None = Field(None, description="prefix each choice with its prompt (not with logprobs)")
+    max_tokens: Count | None = Field(
+        16, description="most tokens to generate (16 by default, as OpenAI); prompt + max_tokens must fit the "
+                        "model's context; null: up to the context")
+
+    def check(self) -> None:
+        super().check()
+        if self.echo and self.logprobs is not None:
+            raise bad_request("echo together with logprobs is not supported (prompt logprobs are not computed)",
+                              param="echo")
 
     def prompts(self) -> list[str | list[int]]:
-        """One prompt per choice group: a string, token ids, or a list of either."""
+        """One prompt per choice group: a string or token ids."""
         p = self.prompt
         if isinstance(p, str):
             return [p]
-        if not p:
-            raise ValueError("prompt is empty")
-        if all(isinstance(x, int) for x in p):
+        if isinstance(p[0], int):
             return [list(p)]
         return list(p)
 
 
 class TokenizeRequest(_Body):
-    model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
-    add_special_tokens: StrictBool | None = None
-    add_generation_prompt: StrictBool | None = None
+    model_config = ConfigDict(json_schema_extra={"oneOf": [
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array"}}}]})
+
+    model: StrictStr | None = None
+    prompt: StrictStr | None = Field(None, description="text to tokenize (or messages, not both)")
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = Field(
+        None, description="a conversation to format with the chat template and tokenize")
+    add_special_tokens: StrictBool | None = Field(None, description="for prompt: add BOS and the like (default)")
+    add_generation_prompt: StrictBool | None = Field(None, description="for messages: end with the assistant's "
+                                                                       "header (default)")
+
+    def check(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise bad_request("send exactly one of prompt and messages", param="prompt")
 
 
 class DetokenizeRequest(_Body):
-    model: str | None = None
-    tokens: list[StrictInt]
+    model: StrictStr | None = None
+    tokens: list[TokenId] = Field(description="token ids of the model's vocabulary")
