@@ -89,7 +89,11 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = ResidualRMSNorm(c.hidden_size, c.rms_norm_eps, dtype=ctx.dtype)
         self.self_attn = LlamaAttention(ctx, layer_idx, rotary, f"{prefix}.self_attn", self.input_layernorm)
         self.post_attention_layernorm = ResidualRMSNorm(c.hidden_size, c.rms_norm_eps, dtype=ctx.dtype)
-        self.mlp = LlamaMLP(ctx, f"{prefix}.mlp", self.post_attention_layernorm)
+        self.mlp = self.build_mlp(ctx, layer_idx, f"{prefix}.mlp")
+
+    def build_mlp(self, ctx: BuildContext, layer_idx: int, prefix: str) -> nn.Module:
+        """The feed-forward block (a mixture-of-experts model returns its MoE block here)."""
+        return LlamaMLP(ctx, prefix, self.post_attention_layernorm)
 
     def forward(self, positions, hidden, residual, kv_cache, attn_metadata):
         """``(hidden, residual)`` of the next layer; ``residual`` None in the first layer."""

@@ -17,11 +17,10 @@ from torch import nn
 from infer_core.errors import ModelError
 from infer_core.layers.linear import ReplicatedLinear
 from infer_core.layers.moe import FusedMoE
-from infer_core.layers.norm import NormedInput, ResidualRMSNorm
-from infer_core.layers.rotary import RotaryEmbedding
+from infer_core.layers.norm import NormedInput
 from infer_core.layers.unquantized import UnquantizedLinearMethod
 from infer_core.models.build import BuildContext
-from infer_core.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
+from infer_core.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 
 
 class SparseMoeBlock(nn.Module):
@@ -54,28 +53,13 @@ class SparseMoeBlock(nn.Module):
         return out
 
 
-class MoEDecoderLayer(nn.Module):
-    """Pre-norm residual block: ``h = x + attn(norm(x))``, ``out = h + moe(norm(h))`` (``LlamaDecoderLayer``'s,
-    with the MoE block where the config makes the layer sparse)."""
+class MoEDecoderLayer(LlamaDecoderLayer):
+    """``LlamaDecoderLayer`` with the MoE block where the config makes the layer sparse."""
 
-    def __init__(self, ctx: BuildContext, layer_idx: int, rotary: RotaryEmbedding, prefix: str) -> None:
-        super().__init__()
-        c = ctx.config
-        self.input_layernorm = ResidualRMSNorm(c.hidden_size, c.rms_norm_eps, dtype=ctx.dtype)
-        self.self_attn = LlamaAttention(ctx, layer_idx, rotary, f"{prefix}.self_attn", self.input_layernorm)
-        self.post_attention_layernorm = ResidualRMSNorm(c.hidden_size, c.rms_norm_eps, dtype=ctx.dtype)
-        if c.moe.is_sparse(layer_idx):
-            self.mlp = SparseMoeBlock(ctx, f"{prefix}.mlp")
-        else:
-            self.mlp = LlamaMLP(ctx, f"{prefix}.mlp", self.post_attention_layernorm)
-
-    def forward(self, positions, hidden, residual, kv_cache, attn_metadata):
-        """``(hidden, residual)`` of the next layer; ``residual`` None in the first layer."""
-        hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, kv_cache, attn_metadata)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        hidden = self.mlp(hidden)
-        return hidden, residual
+    def build_mlp(self, ctx: BuildContext, layer_idx: int, prefix: str) -> nn.Module:
+        if ctx.config.moe.is_sparse(layer_idx):
+            return SparseMoeBlock(ctx, prefix)
+        return super().build_mlp(ctx, layer_idx, prefix)
 
 
 # one expert's checkpoint tensor: Qwen's gate_proj/up_proj/down_proj, Mixtral's w1 (gate), w3 (up), w2 (down)
