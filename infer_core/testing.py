@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from infer_core.interfaces import PendingOutput
+from infer_core.real_configs import REAL_CONFIGS, write_config_checkpoint  # noqa: F401  (re-exported)
 
 # Shapes small enough for the CPU, with GQA (4 query heads per KV head pair) and 2 layers.
 _BASE: dict[str, Any] = dict(
@@ -49,46 +50,6 @@ TINY_ARCHITECTURES: dict[str, dict[str, Any]] = {
 }
 # The mixtures of experts among them
 TINY_MOE_ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe")
-
-
-# The published config.json of real models (as on the HF Hub), for dummy-weight runs on a GPU.
-# benchmarks/configs/<name>/config.json holds the same files; tests/test_bench_configs.py keeps them equal.
-_QWEN3_COMMON: dict[str, Any] = dict(
-    architectures=["Qwen3ForCausalLM"], attention_bias=False, attention_dropout=0.0, bos_token_id=151643,
-    eos_token_id=151645, head_dim=128, hidden_act="silu", initializer_range=0.02, max_position_embeddings=40960,
-    model_type="qwen3", rms_norm_eps=1e-6, rope_scaling=None, rope_theta=1000000, sliding_window=None,
-    torch_dtype="bfloat16", transformers_version="4.51.0", use_cache=True, use_sliding_window=False,
-    vocab_size=151936,
-)
-REAL_CONFIGS: dict[str, dict[str, Any]] = {
-    "Qwen3-0.6B": dict(_QWEN3_COMMON, hidden_size=1024, intermediate_size=3072, max_window_layers=28,
-                       num_attention_heads=16, num_hidden_layers=28, num_key_value_heads=8, tie_word_embeddings=True),
-    "Qwen3-8B": dict(_QWEN3_COMMON, hidden_size=4096, intermediate_size=12288, max_window_layers=36,
-                     num_attention_heads=32, num_hidden_layers=36, num_key_value_heads=8, tie_word_embeddings=False),
-    # meta-llama/Llama-3.1-8B (the base model: one eos id; the Instruct model lists 128001, 128008, 128009)
-    "Llama-3.1-8B": dict(
-        architectures=["LlamaForCausalLM"], attention_bias=False, attention_dropout=0.0, bos_token_id=128000,
-        eos_token_id=128001, hidden_act="silu", hidden_size=4096, initializer_range=0.02, intermediate_size=14336,
-        max_position_embeddings=131072, mlp_bias=False, model_type="llama", num_attention_heads=32,
-        num_hidden_layers=32, num_key_value_heads=8, pretraining_tp=1, rms_norm_eps=1e-5,
-        rope_scaling=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192,
-                          rope_type="llama3"),
-        rope_theta=500000.0, tie_word_embeddings=False, torch_dtype="bfloat16", transformers_version="4.43.0.dev0",
-        use_cache=True, vocab_size=128256,
-    ),
-}
-
-
-def write_config_checkpoint(name: str, folder: str | Path, **overrides: Any) -> Path:
-    """A folder holding only the config.json of a real model (``REAL_CONFIGS``), for ``load_format="dummy"``."""
-    import json
-
-    if name not in REAL_CONFIGS:
-        raise ValueError(f"unknown model {name!r}; choose from {', '.join(REAL_CONFIGS)}")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps({**REAL_CONFIGS[name], **overrides}, indent=2))
-    return folder
 
 
 def make_tiny_checkpoint(kind: str, folder: str | Path, seed: int = 0, **overrides: Any) -> Path:

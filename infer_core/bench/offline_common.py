@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from infer_core.bench.config import BenchmarkError
+from infer_core.real_configs import REAL_CONFIGS, write_config_checkpoint
 
 DEFAULT_MODEL = "Qwen3-0.6B"
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, peers: tuple[str, ...]) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL,
-                        help="a name in benchmarks/configs (Qwen3-0.6B, Qwen3-8B, Llama-3.1-8B) or a checkpoint "
+                        help=f"a name in benchmarks/configs ({', '.join(REAL_CONFIGS)}) or a checkpoint "
                              f"folder with a config.json (default {DEFAULT_MODEL})")
     parser.add_argument("--load-format", default="dummy", choices=("auto", "safetensors", "dummy"),
                         help="how infer reads the weights (default dummy: random values at the real shapes)")
@@ -55,8 +56,6 @@ def settle_max_model_len(args: argparse.Namespace, folder: str) -> None:
 
 def resolve_model(model: str, scratch: Path) -> tuple[str, str]:
     """(folder, label): a folder with a config.json as given, or a known name written into ``scratch``."""
-    from infer_core.testing import REAL_CONFIGS, write_config_checkpoint
-
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():

@@ -1,7 +1,8 @@
 """The physical floor of a workload: bytes that must be read over bandwidth, FLOPs over matmul rate.
 
 A decode step must read every weight once (the embedding matrix only as the LM head; one
-embedding row per token is negligible) and the K and V of every context token of every running
+embedding row per token is negligible; of a mixture of experts' layer, the router and the top-k experts one
+token routes to: a larger batch reads more experts, which the floor leaves out, so it stays a lower bound) and the K and V of every context token of every running
 request, including the token it appends. A prefill must do its matmul FLOPs: ``2 x params`` per
 prompt token, plus causal attention (``4 x heads x head_dim x context`` per token per layer),
 plus the LM head once per request (logits only at the sampled position).
@@ -34,7 +35,7 @@ class ModelDims:
     num_kv_heads: int
     head_dim: int
     vocab_size: int
-    layer_params: int  # one decoder layer: projections, biases, norms
+    layer_params: int  # one decoder layer as one token reads it: projections, biases, norms, routed experts
     dtype_bytes: int
 
     @classmethod
@@ -45,9 +46,8 @@ class ModelDims:
         heads = int(config["num_attention_heads"])
         kv_heads = int(config.get("num_key_value_heads") or heads)
         head_dim = int(config.get("head_dim") or hidden // heads)
-        inter = int(config["intermediate_size"])
         q, kv = heads * head_dim, kv_heads * head_dim
-        params = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * inter + 2 * hidden
+        params = hidden * (q + 2 * kv) + q * hidden + _mlp_params(config, hidden) + 2 * hidden
         if config.get("model_type") == "qwen2" or config.get("attention_bias"):
             params += q + 2 * kv
         if config.get("model_type") in ("qwen3", "qwen3_moe"):
@@ -73,6 +73,21 @@ class ModelDims:
         layers = 2.0 * self.num_layers * self.layer_params * prompt_len
         attention = 4.0 * self.num_layers * self.num_heads * self.head_dim * prompt_len * (prompt_len + 1) / 2
         return layers + attention + 2.0 * self.vocab_size * self.hidden_size
+
+
+def _mlp_params(config: dict[str, Any], hidden: int) -> int:
+    """One layer's MLP as one token reads it: the dense MLP, or a mixture of experts' router, top-k experts and
+    shared expert with its gate. Every layer must be alike (no ``mlp_only_layers``, ``decoder_sparse_step`` 1)."""
+    num_experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+    if not num_experts:
+        return 3 * hidden * int(config["intermediate_size"])
+    if config.get("mlp_only_layers") or int(config.get("decoder_sparse_step") or 1) != 1:
+        raise ValueError("the floor takes every layer alike: a config with dense layers among the experts' "
+                         "(mlp_only_layers, decoder_sparse_step > 1) has none")
+    expert = int(config.get("moe_intermediate_size") or config["intermediate_size"])
+    shared = int(config.get("shared_expert_intermediate_size") or 0)
+    shared_params = 3 * hidden * shared + hidden if shared else 0
+    return hidden * num_experts + int(config["num_experts_per_tok"]) * 3 * hidden * expert + shared_params
 
 
 @dataclass(slots=True)
