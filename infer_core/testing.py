@@ -235,3 +235,49 @@ def default_model_tokenizer():
     from infer_core.models.tokenizer import load_tokenizer
 
     return load_tokenizer(locate_model(None))
+
+
+def quicken_triton_interpreter() -> None:
+    """Make ``TRITON_INTERPRET=1`` runs skip the interpreter's repeated patching of ``triton.language``.
+
+    The interpreter patches the language's builtins when a kernel launches and restores them when it ends, but
+    also again at every call of a ``@triton.jit`` helper inside the kernel (``inspect.getmembers`` over
+    ``tl``, ``tl.tensor`` and ``tl.math``), though the launch has already patched the same modules: in a kernel
+    that calls helpers in its loops, that repetition is most of the interpreter's time. Here a helper's call skips
+    it when the language modules it sees were patched by the launch in progress; anything else is patched as
+    before. The kernels run the same code either way. Idempotent; a no-op without Triton's interpreter.
+    """
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    if getattr(interpreter, "_infer_quickened", False):
+        return
+    import inspect
+
+    import triton.language as tl
+
+    original_patch, original_launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
+    launch: dict[str, Any] = {"active": False, "patched": set()}
+
+    def languages(fn) -> set[int]:
+        return {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and (v is tl or v is tl.core)}
+
+    def patch_lang(fn):
+        if launch["active"] and languages(fn) <= launch["patched"]:
+            return None  # a helper's call: its language is the launch's, patched already (its scope is dropped)
+        scope = original_patch(fn)
+        if launch["active"]:
+            launch["patched"] |= languages(fn)
+        return scope
+
+    def launch_kernel(self, *args, **kwargs):
+        launch["active"], launch["patched"] = True, set()
+        try:
+            return original_launch(self, *args, **kwargs)
+        finally:
+            launch["active"], launch["patched"] = False, set()
+
+    interpreter._patch_lang = patch_lang
+    interpreter.GridExecutor.__call__ = launch_kernel
+    interpreter._infer_quickened = True

@@ -195,6 +195,9 @@ def check_low_precision_matches_float(device: str, num_rows: int, vocab: int, ev
 
 
 if __name__ == "__main__":
+    from infer_core.testing import quicken_triton_interpreter
+
+    quicken_triton_interpreter()
     name, *args = sys.argv[1:]
     globals()[f"check_{name}"]("cuda" if torch.cuda.is_available() else "cpu", *map(int, args))
     print("ok")
