@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from infer_core.errors import SettingsError
 from infer_core.interfaces import RuntimeContext
@@ -45,3 +46,20 @@ def make_runtime_context(settings: EngineSettings, model: ModelConfig) -> Runtim
     dtype = pick_dtype(settings.dtype, device, model.torch_dtype)
     return RuntimeContext(device, dtype, model, settings, capability if device == "cuda" else None, num_gpus,
                           os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def physical_cores() -> int:
+    """Physical cores among the CPUs this process may run on (hyper-threads of one core count once).
+
+    The CPU engine computes on this many threads: a second thread per core shares the core's vector units
+    and only adds synchronisation to every parallel region.
+    """
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    cores = set()
+    for cpu in cpus:
+        siblings = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+        try:
+            cores.add(siblings.read_text().strip())
+        except OSError:
+            cores.add(str(cpu))
+    return max(1, len(cores))

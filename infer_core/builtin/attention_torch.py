@@ -6,7 +6,8 @@ batched into one call (padded to the longest context and masked); prefills run o
 
 What does not depend on the layer is derived once per step (``build_metadata``) and shared by every
 layer: the decode rows' block ids (one ``index_select`` per layer copies whole blocks, K and V
-together), their key masks, and the host copies of the request boundaries.
+together), their key masks (additive, in the query's dtype, as SDPA turns a boolean mask into
+anyway), the new tokens' cache slots as int64, and the host copies of the request boundaries.
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ class TorchAttentionMetadata:
     num_decodes: int
     decode_blocks: torch.Tensor | None  # [num_decodes * blocks] block ids of the decode rows, row by row
     decode_keys: int  # keys per decode row after the gather (blocks * block_size)
-    # [num_decodes, 1, 1, keys] key masks of the decode rows, by sliding window (None: no window); made on first use
-    decode_masks: dict[int | None, torch.Tensor] = field(default_factory=dict)
+    slots: torch.Tensor  # int64 [num_tokens]: the cache slot of each new token
+    # [num_decodes, 1, 1, keys] additive key masks of the decode rows (0 or -inf), by sliding window (None: no
+    # window) and dtype; made on first use
+    decode_masks: dict[tuple[int | None, torch.dtype], torch.Tensor] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:
@@ -53,12 +56,13 @@ class TorchAttentionMetadata:
     def slot_mapping(self) -> torch.Tensor:
         return self.common.slot_mapping
 
-    def decode_mask(self, window: int | None) -> torch.Tensor:
-        mask = self.decode_masks.get(window)
+    def decode_mask(self, window: int | None, dtype: torch.dtype) -> torch.Tensor:
+        mask = self.decode_masks.get((window, dtype))
         if mask is None:
             seq_lens = self.common.seq_lens[: self.num_decodes]
-            mask = _key_mask((seq_lens - 1).unsqueeze(-1), self.decode_keys, seq_lens[:, None, None], window)
-            mask = self.decode_masks[window] = mask.unsqueeze(1)
+            allowed = _key_mask((seq_lens - 1).unsqueeze(-1), self.decode_keys, seq_lens[:, None, None], window)
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+            mask = self.decode_masks[(window, dtype)] = mask.unsqueeze(1)
         return mask
 
 
@@ -72,7 +76,7 @@ class TorchAttentionBackend(AttentionBackend):
             blocks = common.block_tables[:num_decodes, :num_blocks].reshape(-1)
             keys = num_blocks * common.block_size
         return TorchAttentionMetadata(common, common.query_start_loc_cpu[: common.num_reqs + 1].tolist(), seq_lens,
-                                      num_decodes, blocks, keys)
+                                      num_decodes, blocks, keys, common.slot_mapping[: common.num_tokens].long())
 
     def standard_kv_slot_mapping(self, metadata: TorchAttentionMetadata) -> torch.Tensor:
         return metadata.slot_mapping[: metadata.num_tokens]
@@ -83,7 +87,7 @@ class TorchAttentionBackend(AttentionBackend):
             metadata = self.build_metadata(metadata)
         n = metadata.num_tokens  # rows past it are padding (never written)
         if not kv_written:
-            write_kv(kv_cache, k[:n], v[:n], metadata.slot_mapping[:n])
+            write_kv(kv_cache, k[:n], v[:n], metadata.slots)
         num_decodes, num_reqs = metadata.num_decodes, metadata.common.num_reqs
         if num_decodes == num_reqs and num_decodes == q.shape[0]:  # decode only, unpadded: no copy into `out`
             return self._decode(layer, q, kv_cache, metadata)
@@ -112,7 +116,7 @@ class TorchAttentionBackend(AttentionBackend):
         # q [R, 1, H, D] -> [R, H, 1, D]; k/v [R, S, Hk, D] -> [R, Hk, S, D]
         o = F.scaled_dot_product_attention(
             q.unsqueeze(1).transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-            attn_mask=md.decode_mask(layer.sliding_window), scale=layer.scale,
+            attn_mask=md.decode_mask(layer.sliding_window, q.dtype), scale=layer.scale,
             enable_gqa=layer.num_heads != layer.num_kv_heads,
         )
         return o.transpose(1, 2).squeeze(1)
