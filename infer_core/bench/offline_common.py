@@ -165,6 +165,8 @@ def finish(args: argparse.Namespace, benchmark: str, device: str, settings: dict
                                   row.get("slowest_steps", []), row.get("compiled_during_run", [])))
         if "step_breakdown" in row:
             print(format_breakdown(f"{row['system']} attention={row.get('attention')}", row["step_breakdown"]))
+    if hasattr(os, "getloadavg"):  # a shared machine's other work shows here (1, 5 and 15 minutes)
+        settings = {**settings, "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
     if args.out is not None:
         # another model's run of the same benchmark gets a file of its own: <benchmark>-<model>-<device>-<date>
         model = settings["model"]

@@ -65,7 +65,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         if tied_to is not None:
             self.weight = tied_to.weight
         self.gemv = self.weight.dtype in GEMV_DTYPES and fused.runs_triton(fused.GEMV, self.weight.device)
-        self.packs = cpu_matmul.packs(self.weight)
+        self.packs = not self.gemv and cpu_matmul.packs(self.weight)
         self.packed: torch.Tensor | None = None
 
     def process_after_load(self) -> None:
