@@ -271,3 +271,12 @@ def test_compile_watch_names_the_kernels_compiled_after_start(tmp_path, monkeypa
     (tmp_path / "new" / "_decode_kernel.json").write_text("{}")
     (tmp_path / "new" / "__grp___decode_kernel.json").write_text("{}")
     assert watch.compiled() == ["_decode_kernel"]
+
+
+def test_model_default_is_the_embedded_models_cached_folder(tmp_path):
+    from infer_core.bench.offline_common import resolve_model
+    from infer_core.models.gguf_cache import locate_model
+
+    folder, label = resolve_model("default", tmp_path)
+    assert folder == str(locate_model(None).path) and label == "SmolLM2-135M-Instruct"
+    assert (Path(folder) / "config.json").is_file() and (Path(folder) / "tokenizer.json").is_file()
