@@ -18,21 +18,9 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import write_result
+from infer_core.bench.chat_workload import CHAT_NEW_TOKENS, QUESTIONS, chat_texts
 
-QUESTIONS = [
-    "What is the capital of France?", "How do airplanes stay in the air?", "Explain photosynthesis simply.",
-    "What causes the seasons on Earth?", "Write a haiku about the sea.", "What is a prime number?",
-    "How does a refrigerator work?", "Why is the sky blue?", "Give three tips for learning a language.",
-    "What is the difference between weather and climate?", "How do vaccines work?", "What is an atom made of?",
-    "Describe the water cycle.", "What does a compiler do?", "Why do cats purr?", "How are rainbows formed?",
-    "What is the tallest mountain in the world?", "Explain gravity to a child.", "What is machine learning?",
-    "How do bees make honey?", "What is the speed of light?", "Why do leaves change color in autumn?",
-    "What is democracy?", "How does the heart pump blood?", "Name three renewable energy sources.",
-    "What is a black hole?", "How do I boil an egg?", "What is the Pythagorean theorem?",
-    "Why do we dream?", "What are the planets of the solar system?", "How does a bicycle stay upright?",
-    "What is the meaning of the word 'ubiquitous'?",
-]
-NEW_TOKENS = 128
+NEW_TOKENS = CHAT_NEW_TOKENS
 
 
 def _row(system: str, attention: str, tokens: int, seconds: list[float]) -> dict:
@@ -91,8 +79,7 @@ def main() -> None:
 
     source = default_model_source()
     tokenizer = AutoTokenizer.from_pretrained(str(source.path), gguf_file=source.gguf_file)
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
-             for q in QUESTIONS]
+    texts = chat_texts(tokenizer, len(QUESTIONS))
     results = [run_infer(texts, args.repeats), run_hf(texts, args.repeats)]
     settings = {"model": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32)", "num_prompts": len(texts),
                 "new_tokens": NEW_TOKENS, "ignore_eos": True, "greedy": True, "dtype": "float32",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from infer_core.errors import SettingsError
 from infer_core.interfaces import RuntimeContext
@@ -28,7 +29,11 @@ def pick_device(requested: str, num_gpus: int) -> str:
 
 
 def pick_dtype(requested: str, device: str, checkpoint_dtype: str | None) -> str:
-    """float32 on CPU by default; on CUDA the checkpoint's half type, bfloat16 otherwise."""
+    """float32 on CPU by default; on CUDA the checkpoint's half type, bfloat16 otherwise.
+
+    The CPU keeps float32 where bfloat16 would be faster (AMX, avx512_bf16): on the default model bfloat16 picks
+    float32's greedy token at fewer than 99% of teacher-forced positions (``benchmarks/cpu_bf16_agreement.py``).
+    """
     if requested != "auto":
         if device == "cpu" and requested == "float16":
             raise SettingsError("float16 is not supported on the CPU; use INFER_DTYPE=float32 or bfloat16")
@@ -45,3 +50,20 @@ def make_runtime_context(settings: EngineSettings, model: ModelConfig) -> Runtim
     dtype = pick_dtype(settings.dtype, device, model.torch_dtype)
     return RuntimeContext(device, dtype, model, settings, capability if device == "cuda" else None, num_gpus,
                           os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def physical_cores() -> int:
+    """Physical cores among the CPUs this process may run on (hyper-threads of one core count once).
+
+    The CPU engine computes on this many threads: a second thread per core shares the core's vector units
+    and only adds synchronisation to every parallel region.
+    """
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    cores = set()
+    for cpu in cpus:
+        siblings = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+        try:
+            cores.add(siblings.read_text().strip())
+        except OSError:
+            cores.add(str(cpu))
+    return max(1, len(cores))

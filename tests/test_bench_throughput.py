@@ -138,6 +138,8 @@ def test_throughput_command_writes_one_record_with_every_system(tiny_folder, tmp
 
 @pytest.mark.parametrize("argv, message", [
     (["--num-prompts", "0"], "--num-prompts must be between 1 and 256"),
+    (["--workload", "chat", "--num-prompts", "40"], "--num-prompts must be between 1 and 32 for --workload chat"),
+    (["--new-tokens", "0"], "--new-tokens must be at least 1"),
     (["--peer-num-prompts", "300"], "--peer-num-prompts must be between 1 and 256"),
     (["--model", "Qwen9-1B"], "known: Qwen3-0.6B, Qwen3-8B, Llama-3.1-8B"),
     (["--attention", "trtion"], "Did you mean 'triton'?"),
@@ -153,8 +155,112 @@ def test_bad_arguments_say_what_to_change(argv, message, capsys):
 
 def test_unknown_peer_is_refused_by_the_parser(capsys):
     with pytest.raises(SystemExit):
-        main(["bench", "throughput", "--peers", "vllm"])
+        main(["bench", "throughput", "--peers", "sglang"])
     assert "hf-generate-batch" in capsys.readouterr().err
+
+
+def write_word_tokenizer(folder: Path) -> Path:
+    """A word-level tokenizer with a ChatML template in ``folder``: every word of the questions has an id."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from infer_core.bench.chat_workload import QUESTIONS
+
+    specials = ["<unk>", "<|im_start|>", "<|im_end|>", "user", "assistant"]
+    words = sorted({w for q in QUESTIONS for w in q.split()})
+    vocab = {w: i for i, w in enumerate(specials + words)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    template = ("{% for m in messages %}<|im_start|> {{ m.role }} {{ m.content }} <|im_end|> {% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<|im_end|>",
+                                        chat_template=template)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_chat_workload_is_each_question_through_the_chat_template(tmp_path):
+    from transformers import AutoTokenizer
+
+    from infer_core.bench.chat_workload import QUESTIONS, chat_workload
+
+    folder = write_word_tokenizer(tmp_path)
+    workload = chat_workload(folder, num_prompts=32, new_tokens=7)
+    assert len(workload.prompts) == len(QUESTIONS) == 32
+    assert workload.output_lens == [7] * 32 and workload.temperature == 0.0
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": QUESTIONS[3]}], tokenize=False,
+                                         add_generation_prompt=True)
+    assert tokenizer.decode(workload.prompts[3]) == text.strip()
+    assert workload.prompts[3][0] == tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert workload.prompts[3][-1] == tokenizer.convert_tokens_to_ids("assistant")
+    assert 0 not in workload.prompts[3]  # no unknown word
+    assert chat_workload(folder, num_prompts=2, new_tokens=7).prompts == workload.prompts[:2]
+    again = workload.from_json(workload.to_json())
+    assert (again.prompts, again.output_lens, again.temperature) == (workload.prompts, [7] * 32, 0.0)
+
+
+def test_shared_prefix_tokens_count_whole_blocks_of_each_prompts_longest_common_start():
+    from infer_core.bench.workload import OfflineWorkload
+
+    workload = OfflineWorkload([[1, 2, 3, 4, 5], [1, 2, 3, 4, 9], [7, 7], [1, 2, 3, 4, 5, 6]], [1] * 4)
+    assert workload.shared_prefix_tokens(2) == 4 + 0 + 4  # the 2nd shares 4 with the 1st, the 4th 5 (2 blocks)
+    assert workload.shared_prefix_tokens(4) == 4 + 0 + 4
+    assert workload.shared_prefix_tokens(8) == 0
+    assert offline_workload(16).shared_prefix_tokens(16) == 0  # random token ids share nothing
+
+
+def test_chat_workload_without_a_tokenizer_says_what_to_pass(tiny_folder):
+    from infer_core.bench.chat_workload import chat_workload
+    from infer_core.bench.config import BenchmarkError
+
+    with pytest.raises(BenchmarkError, match="needs the model.s tokenizer, and .* has none of .* or use --workload nano-vllm"):
+        chat_workload(tiny_folder)
+    with pytest.raises(BenchmarkError, match="between 1 and 32 for --workload chat"):
+        chat_workload(tiny_folder, num_prompts=33)
+
+
+def test_vllm_peer_where_vllm_does_not_import_is_an_error_row_naming_the_fix(tmp_path):
+    """The peer runs under --peer-python; this test environment has no vLLM, so its row says how to get one."""
+    import importlib.util
+    import sys
+
+    from infer_core.bench.systems import run_system
+    from infer_core.bench.workload import OfflineWorkload
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM imports here")
+    spec = {"system": "vllm", "python": sys.executable, "folder": str(tmp_path), "dtype": "float32",
+            "num_prompts": 1, "max_model_len": 64, "max_num_seqs": 4, "load_format": "dummy",
+            "workload": OfflineWorkload([[1, 2, 3]], [4], 0.0).to_json()}
+    row, device = run_system(spec, timeout_s=120)
+    assert row["system"] == "vllm" and device is None
+    assert "vllm does not import in" in row["error"] and "--peer-python" in row["error"]
+    row, _ = run_system({**spec, "python": str(tmp_path / "no-python")}, timeout_s=120)
+    assert row["error"].startswith(f"cannot start {tmp_path / 'no-python'}")
+
+
+@pytest.mark.slow
+def test_throughput_command_runs_the_chat_workload_greedy(tiny_folder, tmp_path, capsys):
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_folder, folder)
+    write_word_tokenizer(folder)
+    code = main(["bench", "throughput", "--model", str(folder), "--device", "cpu", "--dtype", "float32",
+                 "--load-format", "auto", "--workload", "chat", "--num-prompts", "3", "--new-tokens", "5",
+                 "--max-model-len", "128", "--out", str(tmp_path)])
+    assert code == 0, capsys.readouterr().out
+    [path] = tmp_path.glob("offline-throughput-*.json")
+    record = json.loads(path.read_text())
+    assert record["settings"]["temperature"] == 0.0 and record["settings"]["workload"].startswith("chat:")
+    [infer] = record["results"]
+    assert infer["output_tokens"] == 15 and infer["num_prompts"] == 3 and infer["output_tok_s"] > 0
+
+
+def test_peer_python_without_the_vllm_peer_is_refused(capsys):
+    assert main(["bench", "throughput", "--device", "cpu", "--peer-python", "/usr/bin/python3"]) == 2
+    assert "--peer-python is the interpreter of --peers vllm" in capsys.readouterr().err
 
 
 def test_compile_watch_names_the_kernels_compiled_after_start(tmp_path, monkeypatch):
@@ -170,3 +276,12 @@ def test_compile_watch_names_the_kernels_compiled_after_start(tmp_path, monkeypa
     (tmp_path / "new" / "_decode_kernel.json").write_text("{}")
     (tmp_path / "new" / "__grp___decode_kernel.json").write_text("{}")
     assert watch.compiled() == ["_decode_kernel"]
+
+
+def test_model_default_is_the_embedded_models_cached_folder(tmp_path):
+    from infer_core.bench.offline_common import resolve_model
+    from infer_core.models.gguf_cache import locate_model
+
+    folder, label = resolve_model("default", tmp_path)
+    assert folder == str(locate_model(None).path) and label == "SmolLM2-135M-Instruct"
+    assert (Path(folder) / "config.json").is_file() and (Path(folder) / "tokenizer.json").is_file()

@@ -13,7 +13,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from infer_core.bench.workload import latency_prompt, offline_workload
+from infer_core.bench.workload import OfflineWorkload, latency_prompt
 
 
 def _device(spec: dict[str, Any]) -> str:
@@ -22,6 +22,11 @@ def _device(spec: dict[str, Any]) -> str:
     if spec["device"] == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return spec["device"]
+
+
+def _workload(spec: dict[str, Any]) -> OfflineWorkload:
+    """The run's workload (its token ids come in the spec), the first ``num_prompts`` requests of it."""
+    return OfflineWorkload.from_json(spec["workload"]).head(spec["num_prompts"])
 
 
 def _trace_path(spec: dict[str, Any], label: str) -> Path | None:
@@ -34,7 +39,7 @@ def run_infer(spec: dict[str, Any]) -> dict[str, Any]:
     llm, row = engine_runs.start_engine(spec["folder"], spec["engine_settings"])
     try:
         if spec["benchmark"] == "offline-throughput":
-            workload = offline_workload(spec["num_prompts"], spec["max_len"])
+            workload = _workload(spec)
             row.update(engine_runs.measure_throughput(llm, workload))
             if spec["profile"]:
                 row["step_breakdown"] = engine_runs.profile_throughput(
@@ -58,7 +63,7 @@ def run_floor(spec: dict[str, Any]) -> dict[str, Any]:
     config = json.loads((Path(spec["folder"]) / "config.json").read_text())
     ceilings = floor.measure_ceilings(torch.device(_device(spec)), spec["dtype"])
     if spec["benchmark"] == "offline-throughput":
-        workload = offline_workload(spec["num_prompts"], spec["max_len"])
+        workload = _workload(spec)
         return floor.throughput_floor_row(ceilings, config, spec["dtype"], [len(p) for p in workload.prompts],
                                           workload.output_lens, spec["max_num_seqs"])
     return floor.latency_floor_row(ceilings, config, spec["dtype"], spec["prompt_len"], spec["new_tokens"])
@@ -69,7 +74,7 @@ def run_hf(spec: dict[str, Any]) -> dict[str, Any]:
 
     device = _device(spec)
     if spec["system"] == "hf-generate-batch":
-        workload = offline_workload(spec["num_prompts"], spec["max_len"])
+        workload = _workload(spec)
         return hf_peers.generate_batch_row(spec["folder"], workload, spec["dtype"], device,
                                            timeout_s=spec["timeout_s"])
     vocab = json.loads((Path(spec["folder"]) / "config.json").read_text())["vocab_size"]

@@ -19,7 +19,6 @@ from infer_core.bench.timeline import StepTimeline
 from infer_core.bench.workload import (
     WARMUP_MAX_TOKENS,
     WARMUP_PROMPT,
-    WORKLOAD_TEMPERATURE,
     OfflineWorkload,
     latency_prompt,
 )
@@ -55,7 +54,7 @@ def measure_throughput(llm, workload: OfflineWorkload) -> dict[str, Any]:
     from infer_core import SamplingParams
 
     def warmup() -> SamplingParams:
-        return SamplingParams(temperature=WORKLOAD_TEMPERATURE, max_tokens=WARMUP_MAX_TOKENS, ignore_eos=True)
+        return SamplingParams(temperature=workload.temperature, max_tokens=WARMUP_MAX_TOKENS, ignore_eos=True)
 
     # Same lengths, other tokens: the timed run must find none of its prompts in the prefix cache.
     # One SamplingParams per request, as in the timed run: a batch sharing one object samples
@@ -66,7 +65,7 @@ def measure_throughput(llm, workload: OfflineWorkload) -> dict[str, Any]:
                  use_tqdm=False)
     llm.generate([WARMUP_PROMPT], warmup(), use_tqdm=False)
     hits = llm.engine.stats().prefix_hit_tokens
-    params = [SamplingParams(temperature=WORKLOAD_TEMPERATURE, ignore_eos=True, max_tokens=n)
+    params = [SamplingParams(temperature=workload.temperature, ignore_eos=True, max_tokens=n)
               for n in workload.output_lens]
     timeline, compiles = StepTimeline(), CompileWatch()
     timeline.attach(llm.engine.scheduler)
@@ -80,7 +79,8 @@ def measure_throughput(llm, workload: OfflineWorkload) -> dict[str, Any]:
         timeline.detach(llm.engine.scheduler)
     end = time.perf_counter()
     elapsed = end - start
-    if llm.engine.stats().prefix_hit_tokens - hits > workload.num_prompt_tokens // 100:
+    shared = workload.shared_prefix_tokens(llm.engine.config.block_size)  # the prompts' own common starts
+    if llm.engine.stats().prefix_hit_tokens - hits > shared + workload.num_prompt_tokens // 100:
         raise RuntimeError("the timed run found its prompts in the prefix cache: the warm-up must not cache them")
     produced = [len(o.outputs[0].token_ids) for o in outputs]
     if produced != workload.output_lens:
@@ -105,7 +105,7 @@ def profile_throughput(llm, workload: OfflineWorkload, skip_steps: int, num_step
 
     engine = llm.engine
     ids = [engine.add_request(f"profile-{i}", prompt,
-                              SamplingParams(temperature=WORKLOAD_TEMPERATURE, ignore_eos=True, max_tokens=n))
+                              SamplingParams(temperature=workload.temperature, ignore_eos=True, max_tokens=n))
            for i, (prompt, n) in enumerate(zip(workload.prompts, workload.output_lens))]
     try:
         for _ in range(skip_steps):

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from infer_core.bench.engine_runs import latency_figures
-from infer_core.bench.workload import WARMUP_MAX_TOKENS, WARMUP_PROMPT, WORKLOAD_TEMPERATURE, OfflineWorkload
+from infer_core.bench.workload import WARMUP_MAX_TOKENS, WARMUP_PROMPT, OfflineWorkload
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -57,8 +57,9 @@ def generate_batch_row(folder: str, workload: OfflineWorkload, dtype: str, devic
         raise RuntimeError("hf-generate-batch must run outside torch.inference_mode (its cache is updated in place)")
     started = time.perf_counter()
     model = build_model(folder, dtype, device, attn_implementation)
-    generation = GenerationConfig(do_sample=True, temperature=WORKLOAD_TEMPERATURE, top_k=0, top_p=1.0,
-                                  max_new_tokens=max(workload.output_lens), eos_token_id=-1)
+    sampled = {"do_sample": True, "temperature": workload.temperature, "top_k": 0, "top_p": 1.0} \
+        if workload.temperature > 0 else {"do_sample": False}
+    generation = GenerationConfig(**sampled, max_new_tokens=max(workload.output_lens), eos_token_id=-1)
     hints = _workload_hints(workload)
     sizes: dict[str, int] = {}
     on_gpu = torch.device(device).type == "cuda"

@@ -13,12 +13,14 @@ from infer_core.bench.config import BenchmarkError
 from infer_core.real_configs import REAL_CONFIGS, write_config_checkpoint
 
 DEFAULT_MODEL = "Qwen3-0.6B"
+EMBEDDED = "default"  # --model default: the engine's embedded default model
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, peers: tuple[str, ...]) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL,
-                        help=f"a name in benchmarks/configs ({', '.join(REAL_CONFIGS)}) or a checkpoint "
-                             f"folder with a config.json (default {DEFAULT_MODEL})")
+                        help=f"a name in benchmarks/configs ({', '.join(REAL_CONFIGS)}), a checkpoint "
+                             f"folder with a config.json, or {EMBEDDED!r}: the embedded default model's dequantized "
+                             f"copy in the user's cache (default {DEFAULT_MODEL})")
     parser.add_argument("--load-format", default="dummy", choices=("auto", "safetensors", "dummy"),
                         help="how infer reads the weights (default dummy: random values at the real shapes)")
     parser.add_argument("--dtype", default="bfloat16", help="bfloat16 (bf16), float16 (fp16) or float32 (fp32)")
@@ -56,6 +58,14 @@ def settle_max_model_len(args: argparse.Namespace, folder: str) -> None:
 
 def resolve_model(model: str, scratch: Path) -> tuple[str, str]:
     """(folder, label): a folder with a config.json as given, or a known name written into ``scratch``."""
+    if model == EMBEDDED:  # the folder LLM() reads it from (written on its first start)
+        from infer_core.models.gguf_cache import locate_model
+
+        source = locate_model(None)
+        if source.gguf_file is not None:
+            raise BenchmarkError(f"--model {EMBEDDED}: its dequantized copy cannot be cached (the log says why); "
+                                 "set INFER_CACHE_DIR to a writable folder")
+        return str(source.path), source.name
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -64,7 +74,7 @@ def resolve_model(model: str, scratch: Path) -> tuple[str, str]:
     if model in REAL_CONFIGS:
         return str(write_config_checkpoint(model, scratch / model)), model
     raise BenchmarkError(f"--model {model!r} is neither a folder with a config.json nor a known model; "
-                         f"known: {', '.join(REAL_CONFIGS)}")
+                         f"known: {', '.join(REAL_CONFIGS)}, {EMBEDDED}")
 
 
 def check_common(args: argparse.Namespace) -> None:
@@ -164,6 +174,8 @@ def finish(args: argparse.Namespace, benchmark: str, device: str, settings: dict
                                   row.get("slowest_steps", []), row.get("compiled_during_run", [])))
         if "step_breakdown" in row:
             print(format_breakdown(f"{row['system']} attention={row.get('attention')}", row["step_breakdown"]))
+    if hasattr(os, "getloadavg"):  # a shared machine's other work shows here (1, 5 and 15 minutes)
+        settings = {**settings, "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
     if args.out is not None:
         # another model's run of the same benchmark gets a file of its own: <benchmark>-<model>-<device>-<date>
         model = settings["model"]

@@ -1,6 +1,9 @@
 """Runs each system of an ``infer bench`` invocation in its own child process, one after the other.
 
 A child that fails, or outlives its timeout, becomes a row with an ``error``; the others still run.
+infer and the HF peers run ``infer_core.bench.child`` under this interpreter; a peer of another project
+runs its own script, standalone, under the interpreter its spec names (``python``: a virtual environment
+where that project is installed), isolated (``-I``) from this one's paths.
 """
 
 from __future__ import annotations
@@ -15,14 +18,29 @@ from pathlib import Path
 from typing import Any
 
 
+# peers whose process runs a standalone script of this package (standard library and the peer's own package)
+PEER_SCRIPTS = {"vllm": Path(__file__).with_name("vllm_peer.py")}
+
+
+def child_command(spec: dict[str, Any], spec_path: Path, out_path: Path) -> list[str]:
+    """The command line of one system's process."""
+    script = PEER_SCRIPTS.get(spec["system"])
+    if script is None:
+        return [sys.executable, "-m", "infer_core.bench.child", str(spec_path), str(out_path)]
+    return [spec.get("python") or sys.executable, "-I", "-u", str(script), str(spec_path), str(out_path)]
+
+
 def run_system(spec: dict[str, Any], timeout_s: float) -> tuple[dict[str, Any], str | None]:
     """The row of one system (or an error row) and the device name the child saw."""
     label = {"system": spec["system"], **({"attention": spec["attention"]} if spec.get("attention") else {})}
     with tempfile.TemporaryDirectory(prefix="infer-bench-") as scratch:
         spec_path, out_path = Path(scratch) / "spec.json", Path(scratch) / "row.json"
         spec_path.write_text(json.dumps(spec))
-        command = [sys.executable, "-m", "infer_core.bench.child", str(spec_path), str(out_path)]
-        child = subprocess.Popen(command, start_new_session=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        command = child_command(spec, spec_path, out_path)
+        try:
+            child = subprocess.Popen(command, start_new_session=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        except OSError as e:  # --peer-python names no interpreter
+            return {**label, "error": f"cannot start {command[0]}: {e}"}, None
         try:
             code = child.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

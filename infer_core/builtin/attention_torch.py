@@ -1,11 +1,18 @@
 """The ``torch`` attention backend: gather each request's paged K/V, then ``scaled_dot_product_attention``.
 
-The reference implementation: correct on CPU and CUDA for any dtype, head_dim and block size,
-with GQA, sliding windows and a prefix already in the cache. Decode-only requests are batched
-into one call (padded to the longest context and masked); prefills run one call per request.
+The reference implementation, and the CPU's: correct on CPU and CUDA for any dtype, head_dim and
+block size, with GQA, sliding windows and a prefix already in the cache. Decode-only requests are
+batched into one call (padded to the longest context and masked); prefills run one call per request.
+
+What does not depend on the layer is derived once per step (``build_metadata``) and shared by every
+layer: the decode rows' block ids (one ``index_select`` per layer copies whole blocks, K and V
+together), their key masks (additive, in the query's dtype, as SDPA turns a boolean mask into
+anyway), the new tokens' cache slots as int64, and the host copies of the request boundaries.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -26,51 +33,98 @@ def _key_mask(query_pos: torch.Tensor, num_keys: int, seq_len: torch.Tensor | in
     return mask
 
 
+@dataclass(slots=True)
+class TorchAttentionMetadata:
+    """One step's common metadata and what every layer's attention derives from it alike."""
+
+    common: BatchMetadata
+    starts: list[int]  # query_start_loc on the host
+    seq_lens: list[int]  # seq_lens on the host
+    num_decodes: int
+    decode_blocks: torch.Tensor | None  # [num_decodes * blocks] block ids of the decode rows, row by row
+    decode_keys: int  # keys per decode row after the gather (blocks * block_size)
+    slots: torch.Tensor  # int64 [num_tokens]: the cache slot of each new token
+    # [num_decodes, 1, 1, keys] additive key masks of the decode rows (0 or -inf), by sliding window (None: no
+    # window) and dtype; made on first use
+    decode_masks: dict[tuple[int | None, torch.dtype], torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.common.num_tokens
+
+    @property
+    def slot_mapping(self) -> torch.Tensor:
+        return self.common.slot_mapping
+
+    def decode_mask(self, window: int | None, dtype: torch.dtype) -> torch.Tensor:
+        mask = self.decode_masks.get((window, dtype))
+        if mask is None:
+            seq_lens = self.common.seq_lens[: self.num_decodes]
+            allowed = _key_mask((seq_lens - 1).unsqueeze(-1), self.decode_keys, seq_lens[:, None, None], window)
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+            mask = self.decode_masks[(window, dtype)] = mask.unsqueeze(1)
+        return mask
+
+
 class TorchAttentionBackend(AttentionBackend):
-    def standard_kv_slot_mapping(self, metadata: BatchMetadata) -> torch.Tensor:
+    def build_metadata(self, common: BatchMetadata) -> TorchAttentionMetadata:
+        num_decodes = common.num_decode_only
+        seq_lens = common.seq_lens_cpu[: common.num_reqs].tolist()
+        blocks, keys = None, 0
+        if num_decodes:
+            num_blocks = -(-max(seq_lens[:num_decodes]) // common.block_size)
+            blocks = common.block_tables[:num_decodes, :num_blocks].reshape(-1)
+            keys = num_blocks * common.block_size
+        return TorchAttentionMetadata(common, common.query_start_loc_cpu[: common.num_reqs + 1].tolist(), seq_lens,
+                                      num_decodes, blocks, keys, common.slot_mapping[: common.num_tokens].long())
+
+    def standard_kv_slot_mapping(self, metadata: TorchAttentionMetadata) -> torch.Tensor:
         return metadata.slot_mapping[: metadata.num_tokens]
 
-    def forward(self, layer: AttentionLayer, q, k, v, kv_cache, metadata: BatchMetadata, *, kv_written: bool = False):
+    def forward(self, layer: AttentionLayer, q, k, v, kv_cache, metadata: TorchAttentionMetadata, *,
+                kv_written: bool = False):
+        if isinstance(metadata, BatchMetadata):  # called without build_metadata (a test, a plugin's reference)
+            metadata = self.build_metadata(metadata)
         n = metadata.num_tokens  # rows past it are padding (never written)
         if not kv_written:
-            write_kv(kv_cache, k[:n], v[:n], metadata.slot_mapping[:n])
+            write_kv(kv_cache, k[:n], v[:n], metadata.slots)
+        num_decodes, num_reqs = metadata.num_decodes, metadata.common.num_reqs
+        if num_decodes == num_reqs and num_decodes == q.shape[0]:  # decode only, unpadded: no copy into `out`
+            return self._decode(layer, q, kv_cache, metadata)
         out = torch.zeros_like(q)
-        num_decodes = metadata.num_decode_only
         if num_decodes:
-            out[:num_decodes] = self._decode(layer, q[:num_decodes], kv_cache, metadata, num_decodes)
-        starts = metadata.query_start_loc_cpu.tolist()
-        seq_lens = metadata.seq_lens_cpu.tolist()
-        for i in range(num_decodes, metadata.num_reqs):
+            out[:num_decodes] = self._decode(layer, q[:num_decodes], kv_cache, metadata)
+        starts, block_tables = metadata.starts, metadata.common.block_tables
+        for i in range(num_decodes, num_reqs):
             start, end = starts[i], starts[i + 1]
-            out[start:end] = self._prefill(layer, q[start:end], kv_cache, metadata.block_tables[i], seq_lens[i])
+            out[start:end] = self._prefill(layer, q[start:end], kv_cache, block_tables[i], metadata.seq_lens[i])
         return out
 
-    def _gather(self, kv_cache: torch.Tensor, block_table: torch.Tensor, num_blocks: int):
-        """K and V of the first ``num_blocks`` blocks: [..., num_blocks * block_size, kv_heads, head_dim]."""
-        blocks = block_table[..., :num_blocks].long()
-        k = kv_cache[0][blocks]
-        v = kv_cache[1][blocks]
-        shape = (*blocks.shape[:-1], -1, *kv_cache.shape[-2:])
-        return k.reshape(shape), v.reshape(shape)
+    @staticmethod
+    def _gather(kv_cache: torch.Tensor, blocks: torch.Tensor):
+        """K and V of the blocks ``blocks`` [R * b] names: each [R * b * block_size, kv_heads, head_dim].
 
-    def _decode(self, layer, q, kv_cache, md: BatchMetadata, num_decodes: int):
-        block_size = kv_cache.shape[2]
-        seq_lens_cpu = md.seq_lens_cpu[:num_decodes]
-        max_len = int(seq_lens_cpu.max())
-        k, v = self._gather(kv_cache, md.block_tables[:num_decodes], -(-max_len // block_size))
-        seq_lens = md.seq_lens[:num_decodes]
-        mask = _key_mask((seq_lens - 1).unsqueeze(-1), k.shape[1], seq_lens[:, None, None], layer.sliding_window)
+        ``index_select`` copies whole blocks, K and V in one call (advanced indexing copies element by element).
+        """
+        kv = kv_cache.index_select(1, blocks)
+        return kv[0].flatten(0, 1), kv[1].flatten(0, 1)
+
+    def _decode(self, layer, q, kv_cache, md: TorchAttentionMetadata):
+        num_decodes = md.num_decodes
+        k, v = self._gather(kv_cache, md.decode_blocks)
+        k, v = k.view(num_decodes, md.decode_keys, *k.shape[1:]), v.view(num_decodes, md.decode_keys, *v.shape[1:])
         # q [R, 1, H, D] -> [R, H, 1, D]; k/v [R, S, Hk, D] -> [R, Hk, S, D]
         o = F.scaled_dot_product_attention(
             q.unsqueeze(1).transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-            attn_mask=mask.unsqueeze(1), scale=layer.scale, enable_gqa=layer.num_heads != layer.num_kv_heads,
+            attn_mask=md.decode_mask(layer.sliding_window, q.dtype), scale=layer.scale,
+            enable_gqa=layer.num_heads != layer.num_kv_heads,
         )
         return o.transpose(1, 2).squeeze(1)
 
     def _prefill(self, layer, q, kv_cache, block_table, seq_len: int):
         block_size = kv_cache.shape[2]
         query_len = q.shape[0]
-        k, v = self._gather(kv_cache, block_table, -(-seq_len // block_size))
+        k, v = self._gather(kv_cache, block_table[: -(-seq_len // block_size)])
         # [1, heads, tokens, head_dim]: SDPA's flash and memory-efficient kernels take only 4-D
         # inputs, and not enable_gqa, so the KV heads are expanded; otherwise it falls back to the
         # math kernel, which materialises [heads, queries, keys] scores (9 GB for an 8k prompt).

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from infer_core.interfaces import ParallelContext
-from infer_core.layers import fused
+from infer_core.layers import cpu_matmul, fused
 from infer_core.layers.fused.dense import GEMV_DTYPES, dense_linear
 
 PAD_MULTIPLE = 64
@@ -54,18 +54,31 @@ class VocabParallelEmbedding(nn.Module):
 
 class ParallelLMHead(VocabParallelEmbedding):
     """Logits over this rank's vocabulary slice, all-gathered: every rank gets the whole row, bitwise
-    identical, and samples the same tokens (the next step reads them on each rank's device)."""
+    identical, and samples the same tokens (the next step reads them on each rank's device).
+
+    The matmul is the dense layers' (``layers/unquantized.py``): our GEMV at decode sizes where built for
+    it, and on the CPU oneDNN's GEMM on a copy of the weight packed after the load (``process_after_load``;
+    a tied weight stays the embedding's too)."""
 
     def __init__(self, vocab_size, hidden_size, *, parallel, dtype, tied_to: VocabParallelEmbedding | None = None):
         super().__init__(vocab_size, hidden_size, parallel=parallel, dtype=dtype)
         if tied_to is not None:
             self.weight = tied_to.weight
         self.gemv = self.weight.dtype in GEMV_DTYPES and fused.runs_triton(fused.GEMV, self.weight.device)
+        self.packs = not self.gemv and cpu_matmul.packs(self.weight)
+        self.packed: torch.Tensor | None = None
+
+    def process_after_load(self) -> None:
+        """Called once every weight is loaded (``models/weights.py``)."""
+        if self.packs:
+            self.packed = cpu_matmul.pack(self.weight)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        # the dense layers' matmul (our GEMV at decode sizes where built for it); this rank's vocabulary
-        # slice, tied to the embedding or not
-        logits = dense_linear(hidden, self.weight, None, self.gemv)
+        # this rank's vocabulary slice, tied to the embedding or not
+        if self.packed is not None:
+            logits = cpu_matmul.packed_linear(hidden, self.packed, None)
+        else:
+            logits = dense_linear(hidden, self.weight, None, self.gemv)
         if self.parallel.world_size > 1:
             logits = self.parallel.communicator.all_gather(logits, dim=-1)
         return logits[..., : self.vocab_size]

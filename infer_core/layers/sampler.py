@@ -217,10 +217,17 @@ def takes_argmax(batch: SamplingBatch, logits: torch.Tensor) -> bool:
             and not _has_penalties(batch) and logits.dtype in _WIDENS_EXACTLY)
 
 
+def first_max(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's first maximum [R] int64 by torch ops: ``argmax``, on the CPU through ``max``, whose reduction
+    is vectorized for every float dtype there (``argmax``'s is not for bfloat16) and which also gives the first
+    maximal index of a row."""
+    return logits.max(dim=-1).indices if logits.device.type == "cpu" else logits.argmax(dim=-1)
+
+
 def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
     """Each row's first maximum [R] int64, as ``sample`` takes it for a greedy batch (no host work: capturable)."""
     kernels = fused_kernels() if logits.is_cuda else None
-    return kernels.fused_argmax(_unit_stride(logits)) if kernels is not None else logits.argmax(dim=-1)
+    return kernels.fused_argmax(_unit_stride(logits)) if kernels is not None else first_max(logits)
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch, use_fused: bool | None = None) -> SamplerOutput:
@@ -250,7 +257,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, use_fused: bool | None = 
     if batch.all_greedy and kernels is not None and logits.dtype in _WIDENS_EXACTLY:
         token_ids = kernels.fused_argmax(_unit_stride(logits))
     elif batch.all_greedy:
-        token_ids = logits.argmax(dim=-1)
+        token_ids = first_max(logits)
     elif kernels is not None:
         token_ids = _sample_fused(logits, batch, kernels)
     else:

@@ -1,4 +1,5 @@
-"""The dense LinearMethod: weights in the model dtype, ``F.linear``, or our Triton GEMV at decode sizes.
+"""The dense LinearMethod: weights in the model dtype, ``F.linear``, our Triton GEMV at decode sizes (CUDA), or
+oneDNN's GEMM on a weight packed once after the load (the CPU, ``cpu_matmul.py``).
 
 The ``none`` quantizer gives every layer one (``builtin/quant_none.py``). It lives with the layers because
 they fuse it with its neighbours: an RMSNorm before it and SiLU-and-mul after it run in its GEMV launch
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 
 from infer_core.interfaces import LinearMethod
-from infer_core.layers import fused
+from infer_core.layers import cpu_matmul, fused
 from infer_core.layers.fused.dense import GEMV_DTYPES, dense_linear, use_gemv
 
 
@@ -22,13 +23,17 @@ class UnquantizedLinearMethod(LinearMethod):
     (the weight's device and dtype, ``fused.runs_triton``), and its tiles: where the layer's input is an
     RMSNorm's output (``layer.after_rms_norm``) those the GEMV has fused with that norm, and where its
     ``[gate; up]`` output goes to SiLU-and-mul (``layer.act``) those fused with that too, so a layer gives
-    the same bits whether the fused launch or this method runs it.
+    the same bits whether the fused launch or this method runs it. On the CPU, where oneDNN packs the
+    weight's dtype (``cpu_matmul.packs``), the weight is packed once after the load and every call runs
+    oneDNN's GEMM on the packed copy.
     """
 
     def __init__(self) -> None:
         self.gemv = False
         self.after_rms_norm = False
         self.before_silu = False
+        self.packs = False
+        self.packed: torch.Tensor | None = None  # the CPU's packed weight, once loaded
 
     def create_weights(self, layer, input_size, output_sizes, params_dtype):
         weight = nn.Parameter(torch.empty(sum(output_sizes), input_size, dtype=params_dtype), requires_grad=False)
@@ -36,13 +41,20 @@ class UnquantizedLinearMethod(LinearMethod):
         weight.input_dim = 1
         layer.register_parameter("weight", weight)
         self.gemv = params_dtype in GEMV_DTYPES and fused.runs_triton(fused.GEMV, weight.device)
+        self.packs = not self.gemv and cpu_matmul.packs(weight)  # the interpreted GEMV of the tests keeps its path
         self.after_rms_norm = bool(getattr(layer, "after_rms_norm", False))
         self.before_silu = getattr(layer, "act", None) is not None
+
+    def process_after_load(self, layer) -> None:
+        if self.packs:
+            self.packed = cpu_matmul.pack(layer.weight)
 
     def uses_gemv(self, layer, x: torch.Tensor) -> bool:
         """Whether ``apply`` runs our GEMV kernel on ``x`` (a layer built for it, a decode-sized batch)."""
         return self.gemv and use_gemv(x, layer.weight)
 
     def apply(self, layer, x, bias):
+        if self.packed is not None:
+            return cpu_matmul.packed_linear(x, self.packed, bias)
         return dense_linear(x, layer.weight, bias, self.gemv, after_rms_norm=self.after_rms_norm,
                             before_silu=self.before_silu)

@@ -140,3 +140,5 @@ def load_model_weights(model: nn.Module, source: ModelSource, config: ModelConfi
         method = getattr(module, "method", None)
         if method is not None:
             method.process_after_load(module)
+        elif callable(getattr(module, "process_after_load", None)):  # a layer that repacks its own weight
+            module.process_after_load()

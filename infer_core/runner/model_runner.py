@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 
 import numpy as np
@@ -30,6 +31,7 @@ from infer_core.layers import fused
 from infer_core.layers.sampler import SamplerOutput, greedy_argmax, sample, takes_argmax
 from infer_core.loader import Catalog
 from infer_core.models.build import BuildContext
+from infer_core.platform import physical_cores
 from infer_core.models.weights import load_model_weights
 from infer_core.profiling import step_range
 from infer_core.runner.cuda_graphs import (
@@ -51,6 +53,16 @@ logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def use_physical_cores() -> None:
+    """The CPU computes on one thread per physical core, unless OMP_NUM_THREADS says otherwise (then torch
+    already follows it)."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        threads = physical_cores()
+        if torch.get_num_threads() != threads:
+            logger.info("CPU: %d compute threads (one per physical core), not %d", threads, torch.get_num_threads())
+            torch.set_num_threads(threads)
+
+
 class ModelRunner:
     """One rank's model, KV cache, step buffers and CUDA graphs; ``execute_async`` runs a step."""
 
@@ -68,6 +80,8 @@ class ModelRunner:
         self.model: torch.nn.Module | None = None
         self.kv_caches: list[torch.Tensor] = []
         settings = config.settings
+        if device.type == "cpu":
+            use_physical_cores()
         fused.PDL = settings.pdl  # process-wide, like torch.backends flags: read at each kernel launch
         self.max_blocks_per_req = -(-config.max_model_len // config.block_size) + 1  # +1: a draft's lookahead
         self.requests = RequestTable(settings.max_num_seqs, config.max_model_len, self.max_blocks_per_req)
