@@ -43,7 +43,8 @@ RUNS = {"single": {}, "ep2": {"expert_parallel_size": 2}, "tp2": {"tensor_parall
 
 def tiny_config() -> dict:
     """The same architecture, small enough for a CPU dry run of the whole script."""
-    return {**json.loads(CONFIG.read_text()), "vocab_size": 4096, "hidden_size": 128, "intermediate_size": 256,
+    return {**json.loads(CONFIG.read_text()), "vocab_size": 10240,  # the workload draws ids below 10000
+            "hidden_size": 128, "intermediate_size": 256,
             "moe_intermediate_size": 64, "num_experts": 8, "num_experts_per_tok": 2, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "torch_dtype": "float32"}
 
