@@ -5,6 +5,8 @@ Each configuration runs in a process of its own, one after the other, so each ha
 - ``single``: the whole model on one GPU (CUDA graphs for decode);
 - ``ep2``: ``expert_parallel_size=2`` (64 whole experts a GPU, attention split over both, all-to-all dispatch
   and combine; every step eager, see plugins/parallel_ep/README.md);
+- ``ep2-all-reduce``: the same experts, with ``expert_parallel_dispatch="all_reduce"`` (each GPU runs its experts
+  on every token, the partial sums all-reduced; decode steps replay CUDA graphs): what eager decode costs;
 - ``tp2``: ``tensor_parallel_size=2`` (every expert's intermediate size split over both; CUDA graphs).
 
 Two figures each, as ``benchmarks.tp`` measures them: batch-1 decode (a 128-token prompt, 256 new tokens,
@@ -13,7 +15,7 @@ greedy; ms per decode step, median of ``--repeats`` runs after a warm-up) and na
 experts' load (entries per rank, imbalance) rank 0 counted. The target of issue 27 (EP=2 offline throughput at
 least 1.5x one GPU) is recorded next to the measured ratio, not enforced.
 
-    python -m benchmarks.ep [--out DIR] [--num-prompts 256] [--repeats 3] [--only single,ep2,tp2]
+    python -m benchmarks.ep [--out DIR] [--num-prompts 256] [--repeats 3] [--only single,ep2,ep2-all-reduce,tp2]
     python -m benchmarks.ep --tiny --out /tmp/ep-dry-run   # a small Qwen3-MoE on the CPU: checks the script
 
 Writes ``benchmarks/results/ep-<device>-<date>.json`` (or under ``--out``).
@@ -38,7 +40,12 @@ from benchmarks.tp import measure_decode, measure_throughput
 
 CONFIG = Path(__file__).parent / "configs" / "Qwen3-30B-A3B" / "config.json"
 THROUGHPUT_TARGET = 1.5  # EP=2 offline throughput over one GPU's (issue 27)
-RUNS = {"single": {}, "ep2": {"expert_parallel_size": 2}, "tp2": {"tensor_parallel_size": 2}}
+RUNS = {
+    "single": {},
+    "ep2": {"expert_parallel_size": 2},  # all-to-all dispatch, every step eager
+    "ep2-all-reduce": {"expert_parallel_size": 2, "expert_parallel_dispatch": "all_reduce"},  # CUDA graphs for decode
+    "tp2": {"tensor_parallel_size": 2},
+}
 
 
 def tiny_config() -> dict:
@@ -80,7 +87,7 @@ def run_one(args: argparse.Namespace) -> None:
         print(f"[{args.child}] throughput {row['output_tok_s']} output tok/s", flush=True)
     communicator = getattr(getattr(llm.engine.executor, "parallel", None), "communicator", None)
     describe = getattr(communicator, "describe", None)
-    if describe is not None and row["parallel"] == "ep":
+    if describe is not None and row["parallel"] == "ep" and describe()["num_dispatches"]:
         load = describe()
         row["expert_load"] = {k: load[k] for k in ("entries_per_rank", "tokens_per_rank", "imbalance")}
     row_file.write_text(json.dumps(row))
@@ -116,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    parser.add_argument("--only", default="single,ep2,tp2", help="which runs, comma-separated: single, ep2, tp2")
+    parser.add_argument("--only", default=",".join(RUNS), help=f"which runs, comma-separated: {', '.join(RUNS)}")
     parser.add_argument("--tiny", action="store_true", help="a small Qwen3-MoE on the CPU (dry run of the script)")
     parser.add_argument("--timeout", type=float, default=240, help="seconds each run may take")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -136,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown runs {unknown}: choose among {', '.join(RUNS)}")
         return 2
     if not args.tiny and torch.cuda.device_count() < 2 and set(names) - {"single"}:
-        print(f"ep2 and tp2 need 2 CUDA devices, found {torch.cuda.device_count()} (use --tiny for a CPU dry run)")
+        print(f"every run but single needs 2 CUDA devices, found {torch.cuda.device_count()} (use --tiny for a CPU dry run)")
         return 2
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-ep-") as scratch:
@@ -153,8 +160,9 @@ def main(argv: list[str] | None = None) -> int:
             row["decode_speedup_vs_single"] = round(base["decode_ms_per_token"] / row["decode_ms_per_token"], 3)
         if row is not base and "output_tok_s" in row and "output_tok_s" in base:
             row["throughput_vs_single"] = round(row["output_tok_s"] / base["output_tok_s"], 3)
-    if "ep2" in by_name:
-        by_name["ep2"]["throughput_target_vs_single"] = THROUGHPUT_TARGET
+    for name in ("ep2", "ep2-all-reduce"):
+        if name in by_name:
+            by_name[name]["throughput_target_vs_single"] = THROUGHPUT_TARGET
     settings = {
         "model": "Qwen3-MoE tiny (CPU dry run)" if args.tiny else "Qwen3-30B-A3B (dummy weights)",
         "dtype": "float32" if args.tiny else "bfloat16",

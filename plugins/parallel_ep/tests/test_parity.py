@@ -3,8 +3,9 @@
 One engine per case, each running one batch with the same schedule as the reference: a prompt longer than the
 token budget (chunked prefill) and two prompts sharing a prefix, the second admitted once the first has cached
 it (prefix-cache hits). Qwen3-MoE (16 experts, top-4, q/k norms) at EP=2 and EP=4, Mixtral (8 experts, top-2,
-renormalised) and Qwen2-MoE (8 experts, a shared expert and a dense layer, q/k/v biases) at EP=2: each engine
-start spawns N-1 interpreters, so the cases are few. The same run checks the load counters every rank keeps and
+renormalised) and Qwen2-MoE (8 experts, a shared expert and a dense layer, q/k/v biases) at EP=2, all with the
+all-to-all dispatch; Qwen3-MoE at EP=2 with ``expert_parallel_dispatch="all_reduce"`` too. Each engine start
+spawns N-1 interpreters, so the cases are few. The same run checks the load counters every rank keeps and
 their /metrics series, and that shutdown leaves nothing behind; in the Mixtral case a worker is killed after the
 checks instead, and the engine must report it dead within seconds (the lifecycle is the core's, shared with tp,
 whose suite covers the other deaths).
@@ -37,7 +38,8 @@ SETTINGS = {
     "num_kv_blocks": 32,
     "enable_prefix_caching": True,
 }
-CASES = [("qwen3_moe", 2), ("qwen3_moe", 4), ("mixtral", 2), ("qwen2_moe", 2)]
+CASES = [("qwen3_moe", 2, "all_to_all"), ("qwen3_moe", 4, "all_to_all"), ("mixtral", 2, "all_to_all"),
+         ("qwen2_moe", 2, "all_to_all"), ("qwen3_moe", 2, "all_reduce")]
 KILLED = "mixtral"  # its case ends with a worker killed between steps
 DEADLINE_S = 10.0
 _reference: dict[str, tuple] = {}
@@ -98,16 +100,20 @@ def _kill_a_worker(llm: LLM) -> None:
         executor.check_health()  # what the server's /health asks
 
 
-@pytest.mark.parametrize("kind,world", CASES, ids=[f"{k}-ep{w}" for k, w in CASES])
-def test_expert_parallel_matches_one_rank(tiny_checkpoint, assert_no_workers_left, kind, world):
+@pytest.mark.parametrize("kind,world,dispatch", CASES, ids=[f"{k}-ep{w}-{d}" for k, w, d in CASES])
+def test_expert_parallel_matches_one_rank(tiny_checkpoint, assert_no_workers_left, kind, world, dispatch):
     folder = tiny_checkpoint(kind)
     ref_tokens, ref_logits, _ = _reference_run(folder, kind)
-    llm = LLM(str(folder), expert_parallel_size=world, **SETTINGS)
+    llm = LLM(str(folder), expert_parallel_size=world, expert_parallel_dispatch=dispatch, **SETTINGS)
     try:
         assert llm.engine.config.implementations["parallel"] == "ep"
         assert len(llm.engine.executor.worker_pids) == world - 1
         tokens, logits, stats = _generate(llm)
-        _check_load(llm, world)
+        if dispatch == "all_to_all":
+            _check_load(llm, world)
+        else:  # the core's FusedMoE as built: each rank's experts on every token, partial sums all-reduced
+            assert llm.engine.executor.parallel.communicator.describe()["num_dispatches"] == 0
+            assert llm.engine.executor.metrics() == []
         if kind == KILLED:
             _kill_a_worker(llm)
     finally:

@@ -60,3 +60,17 @@ def test_load_counts_entries_per_expert_and_rank():
     assert got["tokens_per_rank"] == [3, 3]
     assert got["imbalance"] == pytest.approx(5 / 4)
     assert got["num_tokens"] == 4
+
+
+@pytest.mark.parametrize("dispatch,graphs", [("all_to_all", False), ("all_reduce", True)])
+def test_only_the_all_reduce_dispatch_lets_decode_steps_replay_cuda_graphs(tiny_checkpoint, dispatch, graphs):
+    """The all-to-all's split sizes are read on the host: no CUDA graph can hold it."""
+    from infer_core.models.source import read_model_config, resolve_model_source
+    from infer_core.platform import make_runtime_context
+
+    from infer_parallel_ep.strategy import ExpertParallelStrategy
+
+    settings = load_settings(model=str(tiny_checkpoint("mixtral")), device="cpu", expert_parallel_size=2,
+                             expert_parallel_dispatch=dispatch)
+    ctx = make_runtime_context(settings, read_model_config(resolve_model_source(settings.model)))
+    assert ExpertParallelStrategy(ctx).supports_cuda_graphs is graphs

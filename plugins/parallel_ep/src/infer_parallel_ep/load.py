@@ -65,7 +65,10 @@ class ExpertLoad:
         }
 
     def metrics(self) -> list[ParallelMetric]:
-        """The counters as ``/metrics`` series: entries per expert, entries and token rows per rank, imbalance."""
+        """The counters as ``/metrics`` series: entries per expert, entries and token rows per rank, imbalance;
+        none before the first dispatch (and so none where the experts are not dispatched: ``all_reduce``)."""
+        if not self.num_dispatches:
+            return []
         experts = tuple((str(e), float(n)) for e, n in enumerate(self.entries_per_expert.tolist()))
         ranks = tuple((str(r), float(n)) for r, n in enumerate(self.entries_per_rank.tolist()))
         rows = tuple((str(r), float(n)) for r, n in enumerate(self.tokens_per_rank.tolist()))

@@ -59,11 +59,19 @@ def split_problems(ctx: RuntimeContext, world: int) -> list[str]:
 class ExpertParallelStrategy(ParallelStrategy):
     """N ranks, one per device: rank 0 in the engine's process, the others spawned.
 
-    ``supports_cuda_graphs`` is False: the dispatch reads each layer's split sizes on the host, so every step,
-    decode too, runs eagerly (a fixed-capacity dispatch with counts exchanged on the device would be capturable).
+    With ``expert_parallel_dispatch="all_to_all"`` (the default) the dispatch reads each layer's split sizes on
+    the host, so no step can be captured and every step, decode too, runs eagerly; with ``"all_reduce"`` the core's
+    ``FusedMoE`` runs as built (each rank's experts on every token, partial sums all-reduced), which decode steps
+    replay as CUDA graphs.
     """
 
-    supports_cuda_graphs = False
+    @property
+    def dispatch(self) -> str:
+        return EPSettings.of(self.ctx.settings).expert_parallel_dispatch
+
+    @property
+    def supports_cuda_graphs(self) -> bool:
+        return self.dispatch == "all_reduce"
 
     @classmethod
     def validate(cls, ctx: RuntimeContext) -> list[str]:
@@ -99,7 +107,10 @@ class ExpertParallelStrategy(ParallelStrategy):
         return RankExecutor(engine_config, self.world_size, worker_factory, EP_GROUP)
 
     def prepare_model(self, model: Any, parallel: ParallelContext) -> None:
-        """Put every experts layer behind the all-to-all dispatch and combine (``dispatch.dispatch_experts``)."""
+        """Put every experts layer behind the all-to-all dispatch and combine (``dispatch.dispatch_experts``);
+        with ``expert_parallel_dispatch="all_reduce"``, leave the layers as built."""
+        if self.dispatch == "all_reduce":
+            return
         from infer_parallel_ep.dispatch import dispatch_experts
 
         dispatch_experts(model, parallel.communicator)
