@@ -1,7 +1,7 @@
 """The architecture, machine-checked: import layering (``.importlinter``), no import cycles, small modules.
 
 The layering: server/cli -> engine -> runner -> models -> layers -> interfaces; builtin implementations use
-only what a plugin may; plugins use only the public modules (hookspecs, interfaces, layers, testing) and never
+only what a plugin may; plugins use only the public modules (hookspecs, interfaces, layers, distributed, testing) and never
 each other. docs/architecture.md explains each rule.
 """
 

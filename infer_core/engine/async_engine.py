@@ -23,6 +23,7 @@ from infer_core.engine.engine import Engine
 from infer_core.engine.engine_state import EngineSnapshot, EngineState
 from infer_core.engine.request_stream import RequestStream, deliver
 from infer_core.errors import EngineDeadError
+from infer_core.interfaces import ParallelMetric
 from infer_core.outputs import RequestOutput
 from infer_core.sampling_params import SamplingParams
 
@@ -237,6 +238,11 @@ class AsyncEngine:
                 del self._streams[output.request_id]
         if deliveries:
             self._loop.call_soon_threadsafe(deliver, deliveries)
+
+    def parallel_metrics(self) -> list[ParallelMetric]:
+        """The parallel strategy's series (expert parallelism's load), read by /metrics from the server's thread."""
+        engine = self.engine
+        return engine.executor.metrics() if engine is not None else []
 
     def _publish(self) -> None:
         engine = self.engine

@@ -14,6 +14,21 @@ if TYPE_CHECKING:
     from infer_core.interfaces.scheduling import PendingOutput, RunnerOutput, SchedulerOutput
 
 
+@dataclass(frozen=True, slots=True)
+class ParallelMetric:
+    """One labelled series a strategy counts (expert parallelism's tokens per expert, say), served by the
+    server's ``/metrics`` as ``infer:<name>{model_name, <label>}``.
+
+    ``kind``: "counter" (only grows) or "gauge"; ``values``: (label value, value) pairs.
+    """
+
+    name: str
+    documentation: str
+    kind: str
+    label: str
+    values: tuple[tuple[str, float], ...]
+
+
 class Communicator(ABC):
     """Collectives among the ranks of one model replica."""
 
@@ -34,6 +49,11 @@ class Communicator(ABC):
 
     def all_to_all(self, x: torch.Tensor, output_split_sizes: list[int], input_split_sizes: list[int]) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} has no all_to_all")
+
+    def metrics(self) -> list[ParallelMetric]:
+        """What this rank's collectives counted, for ``/metrics`` (default: nothing). Read from the server's
+        thread while steps run: plain host values, no device work."""
+        return []
 
 
 class SingleRankCommunicator(Communicator):
@@ -157,13 +177,23 @@ class Executor(ABC):
         """Call a worker method on every rank (for tests, profiling and benchmarks)."""
         raise NotImplementedError
 
+    def metrics(self) -> list[ParallelMetric]:
+        """Rank 0's communicator's ``metrics()`` (default: nothing); called from the server's thread."""
+        return []
+
     @abstractmethod
     def shutdown(self) -> None:
         """Stop every rank; leaves no child process behind."""
 
 
 class ParallelStrategy(RuntimeComponent, ABC):
-    """How the model is spread over devices, and the Executor that drives the ranks."""
+    """How the model is spread over devices, and the Executor that drives the ranks.
+
+    ``supports_cuda_graphs``: the forward its layers run can be captured into a CUDA graph and replayed (no host
+    sync, the same shapes every replay); False makes every step eager on every rank.
+    """
+
+    supports_cuda_graphs: bool = True
 
     @property
     @abstractmethod

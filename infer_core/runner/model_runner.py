@@ -150,6 +150,10 @@ class ModelRunner:
             logger.info("CUDA graphs off: attention %r does not support them; every step runs eagerly",
                         self.config.implementations.get("attention"))
             return False
+        if not self.strategy.supports_cuda_graphs:
+            logger.info("CUDA graphs off: parallel strategy %r does not support them; every step runs eagerly",
+                        self.config.implementations.get("parallel"))
+            return False
         return True
 
     def prefill_graph_sizes(self) -> list[int]:

@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from infer_core.engine.engine_state import EngineSnapshot
+from infer_core.interfaces import ParallelMetric
 from infer_core.outputs import RequestOutput
 
 disable_created_metrics()  # no *_created series, as vLLM: they double the scrape for no use
@@ -24,9 +25,11 @@ _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 
 
 
 class _SnapshotCollector(Collector):
-    def __init__(self, model_name: str, snapshot: Callable[[], EngineSnapshot]) -> None:
+    def __init__(self, model_name: str, snapshot: Callable[[], EngineSnapshot],
+                 parallel: Callable[[], list[ParallelMetric]]) -> None:
         self.model_name = model_name
         self.snapshot = snapshot
+        self.parallel = parallel
 
     def collect(self) -> Iterator:
         s = self.snapshot()
@@ -55,14 +58,21 @@ class _SnapshotCollector(Collector):
         for reason in sorted(set(FINISH_REASONS) | set(s.finished)):
             success.add_metric([self.model_name, reason], s.finished.get(reason, 0))
         yield success
+        for metric in self.parallel():  # the parallel strategy's own series (expert parallelism's load)
+            kind = CounterMetricFamily if metric.kind == "counter" else GaugeMetricFamily
+            family = kind(PREFIX + metric.name, metric.documentation, labels=["model_name", metric.label])
+            for label, value in metric.values:
+                family.add_metric([self.model_name, label], value)
+            yield family
 
 
 class ServerMetrics:
     """The app's registry; ``observe`` runs on the engine thread after every step."""
 
-    def __init__(self, model_name: str, snapshot: Callable[[], EngineSnapshot]) -> None:
+    def __init__(self, model_name: str, snapshot: Callable[[], EngineSnapshot],
+                 parallel: Callable[[], list[ParallelMetric]] = list) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(_SnapshotCollector(model_name, snapshot))
+        self.registry.register(_SnapshotCollector(model_name, snapshot, parallel))
 
         def histogram(name: str, doc: str) -> Histogram:
             return Histogram(PREFIX + name, doc, ["model_name"], registry=self.registry,

@@ -62,7 +62,8 @@ class ServerState:
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="infer-tokenizer"))
 
     def __post_init__(self) -> None:
-        self.metrics = ServerMetrics(self.model_name, lambda: self.engine.snapshot)
+        self.metrics = ServerMetrics(self.model_name, lambda: self.engine.snapshot,
+                                     lambda: self.engine.parallel_metrics())
         self.engine = AsyncEngine(self._build_engine, self.metrics.observe)
 
     async def tokenize(self, work: Callable[..., Any], *args: Any) -> Any:

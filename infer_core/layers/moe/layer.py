@@ -62,14 +62,17 @@ class FusedMoE(nn.Module):
         self.triton_routing = (fused.runs_triton(fused.MOE, torch.get_default_device())
                                and num_experts <= MOE_ROUTE_MAX_EXPERTS)
 
-    def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        """The experts' weighted sum for ``x`` [tokens, hidden], all-reduced over ranks."""
+    def select_experts(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(weights, ids)`` [tokens, top_k] of each token's experts (global ids), from its router logits."""
         if self.triton_routing and router_logits.stride(-1) == 1:
             from infer_core.layers.fused.moe_route import moe_route
 
-            topk_weights, topk_ids = moe_route(router_logits, self.top_k, self.renormalize)
-        else:
-            topk_weights, topk_ids = route(router_logits, self.top_k, self.renormalize)
+            return moe_route(router_logits, self.top_k, self.renormalize)
+        return route(router_logits, self.top_k, self.renormalize)
+
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """The experts' weighted sum for ``x`` [tokens, hidden], all-reduced over ranks."""
+        topk_weights, topk_ids = self.select_experts(router_logits)
         if self.num_local_experts < self.num_experts:  # ids of this rank's experts; another rank's: num_local
             local = topk_ids - self.first_expert
             topk_ids = torch.where((local >= 0) & (local < self.num_local_experts), local, self.num_local_experts)

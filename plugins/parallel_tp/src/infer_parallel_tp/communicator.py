@@ -1,4 +1,5 @@
-"""Collectives of one tensor-parallel group over ``torch.distributed`` (NCCL on CUDA, gloo on CPU)."""
+"""Collectives of one tensor-parallel group over ``torch.distributed`` (NCCL on CUDA, gloo on CPU), with the
+symmetric-memory fast paths where the group set them up."""
 
 from __future__ import annotations
 
@@ -6,8 +7,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
-from infer_core.interfaces import Communicator
+from infer_core.distributed import ProcessGroupCommunicator
 
 if TYPE_CHECKING:
     from infer_parallel_tp.push_sites import PushSites
@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class DistributedCommunicator(Communicator):
-    """The default process group's collectives, as the layers call them.
+class DistributedCommunicator(ProcessGroupCommunicator):
+    """The default process group's collectives (the core's ``ProcessGroupCommunicator``), as the layers call them.
 
     Every call runs on the current stream, so it is captured into a CUDA graph like any kernel.
     All-reduces of small bfloat16/float32 tensors take ``one_shot`` (symmetric memory, see
@@ -34,9 +34,7 @@ class DistributedCommunicator(Communicator):
 
     def __init__(self, rank: int, world_size: int, backend: str, one_shot: OneShotAllReduce | None = None,
                  all_reduce_path: str = "", push_sites: PushSites | None = None) -> None:
-        self.rank = rank
-        self.world_size = world_size
-        self.backend = backend
+        super().__init__(rank, world_size, backend)
         self.one_shot = one_shot
         self.all_reduce_path = all_reduce_path or backend
         self.push_sites = push_sites
@@ -61,8 +59,7 @@ class DistributedCommunicator(Communicator):
                 self._noted.add(reason)
                 logger.info("all-reduce of %s takes %s, not the one-shot kernel", reason, self.backend)
         self.num_fallback += 1
-        dist.all_reduce(x)
-        return x
+        return super().all_reduce(x)
 
     def describe(self) -> dict[str, Any]:
         """Which all-reduce ran: the path chosen at start, its size limit, and the calls down each path
@@ -96,28 +93,4 @@ class DistributedCommunicator(Communicator):
                 and gather.fits(x.shape[0], x.shape[1], x.dtype)):
             self.num_gathers_pushed += 1
             return self._all_gather_pushed(x, gather)
-        x = x.contiguous()
-        if self.backend == "nccl":
-            out = torch.empty((self.world_size, *x.shape), dtype=x.dtype, device=x.device)  # the ranks' x stacked
-            dist.all_gather_into_tensor(out, x)
-            if dim in (-1, x.dim() - 1):  # a view, no copy, where x has one row (the LM head's logits at batch 1)
-                return out.movedim(0, -2).reshape(*x.shape[:-1], self.world_size * x.shape[-1])
-            parts = out.unbind(0)
-        else:
-            parts = [torch.empty_like(x) for _ in range(self.world_size)]
-            dist.all_gather(parts, x)
-        return torch.cat(parts, dim=dim)
-
-    def gather(self, x: torch.Tensor, dst: int = 0, dim: int = -1) -> torch.Tensor | None:
-        x = x.contiguous()
-        if self.rank != dst:
-            dist.gather(x, None, dst=dst)
-            return None
-        parts = [torch.empty_like(x) for _ in range(self.world_size)]
-        dist.gather(x, parts, dst=dst)
-        return torch.cat(parts, dim=dim)
-
-    def all_to_all(self, x: torch.Tensor, output_split_sizes: list[int], input_split_sizes: list[int]) -> torch.Tensor:
-        out = torch.empty((sum(output_split_sizes), *x.shape[1:]), dtype=x.dtype, device=x.device)
-        dist.all_to_all_single(out, x.contiguous(), output_split_sizes, input_split_sizes)
-        return out
+        return super().all_gather(x, dim)

@@ -1,61 +1,38 @@
-"""Where each rank sits and how it joins the process group: spawned by the engine, or under torchrun."""
+"""How a tensor-parallel rank joins the process group: the core's join, then (on CUDA, when asked) the
+one-shot all-reduce over symmetric memory and the push sites, set up with every rank.
+
+The rank machinery (placement, spawned workers, executor, leaving the group) is the core's
+``infer_core.distributed``; this module is the ``GroupJoin`` the tp strategy gives it (:func:`join_tp_group`).
+"""
 
 from __future__ import annotations
 
-import gc
 import logging
-import os
-from dataclasses import dataclass
-from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from infer_core.distributed import (
+    COLLECTIVE_TIMEOUT,
+    GroupSpec,
+    RankPlacement,
+    join_process_group,
+    leave_group,
+    torchrun_placement,
+    torchrun_store,
+)
 from infer_core.interfaces import ParallelContext
 
 from infer_parallel_tp.communicator import DistributedCommunicator
 from infer_parallel_tp.settings import TPSettings
 
-# A collective that waits this long means a rank is gone (NCCL's watchdog then aborts it). Long
-# enough for the slowest step of a large model; rank 0 notices a dead spawned worker sooner
-# through its process handle.
-COLLECTIVE_TIMEOUT = timedelta(minutes=5)
-TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 SYMM_MEM_SETTING = "enable_symm_mem_all_reduce"
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True, slots=True)
-class RankPlacement:
-    """One rank of the tensor-parallel group: its index, the group's size, its device."""
-
-    rank: int
-    world_size: int
-    local_rank: int  # CUDA device index on its host
-    backend: str  # "nccl" (CUDA) or "gloo" (CPU)
-
-    @property
-    def is_cuda(self) -> bool:
-        return self.backend == "nccl"
-
-
-def backend_for(device: str) -> str:
-    return "nccl" if device == "cuda" else "gloo"
-
-
-def torchrun_placement(device: str) -> RankPlacement | None:
-    """This process's place when launched by torchrun (RANK, WORLD_SIZE, … set), else None."""
-    if not all(name in os.environ for name in TORCHRUN_VARIABLES):
-        return None
-    return RankPlacement(
-        int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"]), backend_for(device)
-    )
-
-
-def torchrun_store(placement: RankPlacement) -> dist.Store:
-    """The env:// rendezvous store torchrun set up (its agent's TCPStore, or one on MASTER_ADDR)."""
-    store, _, _ = next(dist.rendezvous("env://", placement.rank, placement.world_size, timeout=COLLECTIVE_TIMEOUT))
-    return store
+# re-exported: the tests and the symmetric-memory GPU check start ranks with these
+__all__ = ["COLLECTIVE_TIMEOUT", "TP_GROUP", "join_group", "join_tp_group", "leave_group", "torchrun_placement",
+           "torchrun_store"]
 
 
 def symm_mem_all_reduce_enabled(settings) -> bool:
@@ -90,20 +67,7 @@ def join_group(placement: RankPlacement, store: dist.Store, *, enable_symm_mem: 
     (or falls back to NCCL together), with the sites of ``push_layout`` (``push_layout_for``) if given,
     and says once which all-reduce the group uses.
     """
-    if dist.is_initialized():
-        raise RuntimeError(
-            "a torch.distributed process group already exists in this process; one tensor-parallel engine per "
-            "process: shut the other one down first (llm.shutdown(), or drop every reference to it)"
-        )
-    if placement.is_cuda:
-        torch.cuda.set_device(placement.local_rank)
-    dist.init_process_group(
-        placement.backend,
-        store=dist.PrefixStore("tp/group", store),
-        rank=placement.rank,
-        world_size=placement.world_size,
-        timeout=COLLECTIVE_TIMEOUT,
-    )
+    join_process_group(placement, store)
     one_shot, path = None, placement.backend
     if placement.is_cuda and placement.world_size > 1:
         if enable_symm_mem:
@@ -127,28 +91,10 @@ def join_group(placement: RankPlacement, store: dist.Store, *, enable_symm_mem: 
     return ParallelContext(placement.rank, placement.world_size, communicator)
 
 
-def leave_group(*, abort: bool = False) -> None:
-    """Destroy the process group; after a rank died, abort it instead (NCCL could wait on the dead)."""
-    if not dist.is_initialized():
-        return
-    abort_group = getattr(dist.distributed_c10d, "_abort_process_group", None)
-    if abort and abort_group is not None and dist.get_backend() == "nccl":
-        abort_group()
-        return
-    dist.destroy_process_group()
+def join_tp_group(placement: RankPlacement, store: dist.Store, engine_config: Any) -> ParallelContext:
+    """The tp strategy's ``GroupJoin``: :func:`join_group` with the engine's settings (on every rank)."""
+    return join_group(placement, store, enable_symm_mem=symm_mem_all_reduce_enabled(engine_config.settings),
+                      push_layout=push_layout_for(engine_config, placement.world_size))
 
 
-def release_worker(owner) -> None:
-    """Free ``owner.worker`` (model, KV cache, CUDA graphs) and set it to None; call before ``leave_group``.
-
-    NCCL neither destroys nor aborts a communicator while a CUDA graph that captured one of its
-    collectives is alive, so leaving the group first would wait forever. Nothing but ``owner``
-    may hold the worker (hence the owner, not the worker, is passed). No device sync: a graph
-    still running is freed by CUDA when it completes, and after a failure a sync could wait on a
-    collective whose peer is dead.
-    """
-    if owner.worker is None:
-        return
-    owner.worker.shutdown()
-    owner.worker = None
-    gc.collect()  # the runner and its graphs may sit in reference cycles
+TP_GROUP = GroupSpec("tensor-parallel", join_tp_group, "infer_parallel_tp.launch")

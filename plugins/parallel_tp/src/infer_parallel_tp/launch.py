@@ -41,7 +41,7 @@ def run_workers_under_torchrun() -> None:
     if rank == 0 or "WORLD_SIZE" not in os.environ:
         return
     logging.basicConfig(level=logging.INFO, format=f"[tp rank {rank}] %(levelname)s %(name)s: %(message)s")
-    from infer_parallel_tp.worker_main import torchrun_entry
+    from infer_core.distributed import torchrun_entry
 
     sys.exit(torchrun_entry())
 

@@ -1,9 +1,10 @@
 """The loop of every rank but 0: receive a call from rank 0, run it on this rank's worker, repeat.
 
-Spawned by the engine (``spawn_main``), or started by torchrun for ranks > 0 (see ``launch``).
-Rank 0 sends, with INIT, the engine's configuration and the factory of a rank's worker
-(``interfaces.WorkerFactory``: the core's ``Worker`` class, pickled by name), so this plugin builds
-the core's worker without importing it. Any failure ends the process: a rank in an unknown state
+Spawned by the engine (``spawn_main``), or started by torchrun for ranks > 0 (a strategy's launch module
+calls ``torchrun_entry``). Rank 0 sends, with INIT, the engine's configuration, the factory of a rank's worker
+(``interfaces.WorkerFactory``: the core's ``Worker`` class, pickled by name) and the strategy's ``GroupSpec``
+(how a rank joins the group and builds its ``ParallelContext``), so this module builds the core's worker
+without importing the runner, and any strategy's ranks without knowing the strategy. Any failure ends the process: a rank in an unknown state
 must not take part in collectives; rank 0 sees the exit and reports the engine dead, quoting what
 this rank last wrote to stderr.
 
@@ -24,24 +25,24 @@ from dataclasses import replace
 
 import torch
 import torch.distributed as dist
-from infer_core.interfaces import WorkerFactory
 
-from infer_parallel_tp.channel import WorkerChannel
-from infer_parallel_tp.group import (
+from infer_core.distributed.channel import WorkerChannel
+from infer_core.distributed.group import (
     COLLECTIVE_TIMEOUT,
+    GroupSpec,
     RankPlacement,
     backend_for,
-    join_group,
     leave_group,
-    push_layout_for,
     release_worker,
-    symm_mem_all_reduce_enabled,
+    torchrun_placement,
+    torchrun_store,
 )
+from infer_core.interfaces import WorkerFactory
 
 logger = logging.getLogger(__name__)
 
 STOP = "stop"
-INIT = "init"  # take the engine's configuration and the worker factory, get ready to join the group
+INIT = "init"  # take the engine's configuration, the worker factory and the GroupSpec, get ready to join the group
 JOIN = "join"  # join the process group with every other rank, then build this rank's worker
 STEP = "step"  # launch one SchedulerOutput; no reply
 
@@ -63,11 +64,12 @@ class RankLoop:
         self.worker = None
         self.config = None
         self.worker_factory: WorkerFactory | None = None
+        self.spec: GroupSpec | None = None
 
-    def _init(self, config, worker_factory: WorkerFactory) -> None:
+    def _init(self, config, worker_factory: WorkerFactory, spec: GroupSpec) -> None:
         """Take the engine's configuration and set up this rank's device: a rank that cannot is reported
         before the others wait for it in the group's rendezvous, which no death interrupts."""
-        self.config, self.worker_factory = config, worker_factory
+        self.config, self.worker_factory, self.spec = config, worker_factory, spec
         self.placement = replace(self.placement, backend=backend_for(config.device))
         if self.placement.is_cuda:
             torch.cuda.set_device(self.placement.local_rank)
@@ -77,10 +79,13 @@ class RankLoop:
     def _join(self, store: dist.Store) -> None:
         """Join the group with the engine's device, then build this rank's worker."""
         config = self.config
-        parallel = join_group(self.placement, store, enable_symm_mem=symm_mem_all_reduce_enabled(config.settings),
-                              push_layout=push_layout_for(config, self.placement.world_size))
+        parallel = self.spec.join(self.placement, store, config)
         local_device = self.placement.local_rank if self.placement.is_cuda else None
         self.worker = self.worker_factory(config, parallel, local_device)
+
+    @property
+    def _name(self) -> str:
+        return self.spec.name if self.spec is not None else "worker"
 
     def run(self, store: dist.Store) -> int:
         self.channel.reply(True, os.getpid())  # up: rank 0 sends INIT once every rank is, JOIN once every rank took it
@@ -108,14 +113,14 @@ class RankLoop:
                         result = getattr(self.worker, call.method)(*call.args)
                 except BaseException:  # noqa: BLE001 - any failure ends this rank, reported to rank 0
                     text = traceback.format_exc()
-                    logger.error("tensor-parallel rank %d: %s failed:\n%s", self.placement.rank, call.method, text)
+                    logger.error("%s rank %d: %s failed:\n%s", self._name, self.placement.rank, call.method, text)
                     if call.reply:
                         self.channel.reply(False, text)
                     return 1
                 if call.reply:
                     self.channel.reply(True, result)
         except dist.DistNetworkError:
-            logger.error("tensor-parallel rank %d: lost rank 0's store; exiting", self.placement.rank)
+            logger.error("%s rank %d: lost rank 0's store; exiting", self._name, self.placement.rank)
             return 1
         finally:
             if holds_gc:
@@ -131,7 +136,7 @@ def spawn_main(argv: list[str]) -> int:
     """
     rank, world_size, local_rank, backend, host, port, parent_pid = argv
     placement = RankPlacement(int(rank), int(world_size), int(local_rank), backend)
-    logging.basicConfig(level=logging.INFO, format=f"[tp rank {placement.rank}] %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=f"[rank {placement.rank}] %(levelname)s %(name)s: %(message)s")
     threading.Thread(target=_exit_with_parent, args=(int(parent_pid),), daemon=True).start()
     store = dist.TCPStore(host, int(port), None, False, COLLECTIVE_TIMEOUT)
     return RankLoop(placement, WorkerChannel(store, placement.rank)).run(store)
@@ -139,8 +144,6 @@ def spawn_main(argv: list[str]) -> int:
 
 def torchrun_entry() -> int:
     """A rank > 0 under torchrun: join rank 0 through the env:// store and serve calls."""
-    from infer_parallel_tp.group import torchrun_placement, torchrun_store
-
     placement = torchrun_placement("cpu")  # the backend follows the engine's device, sent with INIT
     if placement is None:
         raise RuntimeError("torchrun_entry needs torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT")

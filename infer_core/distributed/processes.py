@@ -1,9 +1,9 @@
 """Ranks 1..N-1 as child processes of the engine's process, watched for death, their stderr kept.
 
-A worker is a fresh interpreter that runs ``worker_main.spawn_main``: it finds the modules this
+A worker is a fresh interpreter that runs ``rank_loop.spawn_main``: it finds the modules this
 process found (this process's ``sys.path`` is its PYTHONPATH) and connects to rank 0's store. It
 does not run this program's main module again (multiprocessing's spawn would), so a script that
-builds a tensor-parallel ``LLM`` needs no ``if __name__ == "__main__":`` guard.
+builds a multi-rank ``LLM`` needs no ``if __name__ == "__main__":`` guard.
 
 A worker's stderr is a pipe: a thread here copies what it writes to this process's stderr as it
 comes and keeps the last of it, so a worker that dies, at start or later, is reported with its own
@@ -22,12 +22,12 @@ import threading
 import time
 from collections.abc import Callable
 
-from infer_parallel_tp.group import RankPlacement
+from infer_core.distributed.group import RankPlacement
 
 logger = logging.getLogger(__name__)
 
-# What a worker's interpreter runs; its arguments follow (see ``worker_main.spawn_main``).
-ENTRY = "import sys; from infer_parallel_tp.worker_main import spawn_main; sys.exit(spawn_main(sys.argv[1:]))"
+# What a worker's interpreter runs; its arguments follow (see ``rank_loop.spawn_main``).
+ENTRY = "import sys; from infer_core.distributed.rank_loop import spawn_main; sys.exit(spawn_main(sys.argv[1:]))"
 TAIL_BYTES = 16384  # of a worker's stderr kept for its death report
 TAIL_LINES = 20  # lines of it an EngineDeadError quotes
 DRAIN_WAIT = 2.0  # seconds a death report waits for the rest of a dead worker's stderr
@@ -59,7 +59,7 @@ class StderrTail:
         self._tail = bytearray()
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        threading.Thread(target=self._pump, args=(stream,), name=f"infer-tp-stderr-{rank}", daemon=True).start()
+        threading.Thread(target=self._pump, args=(stream,), name=f"infer-rank-stderr-{rank}", daemon=True).start()
 
     def _pump(self, stream) -> None:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -101,7 +101,7 @@ class SpawnedWorkers:
                 self.processes.append(process)
                 self.tails.append(StderrTail(process.stderr, p.rank))
                 # reaps the process as soon as it exits (so ``returncode`` is set) and reports it
-                threading.Thread(target=self._reap, args=(process,), name=f"infer-tp-watch-{p.rank}",
+                threading.Thread(target=self._reap, args=(process,), name=f"infer-rank-watch-{p.rank}",
                                  daemon=True).start()
         except BaseException:
             self.kill()

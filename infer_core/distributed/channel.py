@@ -1,4 +1,4 @@
-"""The control channel between rank 0 and the other ranks: pickled messages on a c10d store.
+"""The control channel between rank 0 and the other ranks of a multi-rank engine: pickled messages on a c10d store.
 
 Rank 0 pushes each message (a method call) to one queue per worker; a worker pops its queue,
 runs the call and, when asked, pushes the result to its reply queue. The store is the one the
@@ -49,7 +49,7 @@ class LeaderChannel:
     """Rank 0's end: send a call to every worker, collect their replies while watching liveness."""
 
     def __init__(self, store: dist.Store, world_size: int) -> None:
-        self.store = dist.PrefixStore("tp/control", store)
+        self.store = dist.PrefixStore("ranks/control", store)
         self.worker_ranks = list(range(1, world_size))
 
     def send(self, call: Call) -> None:
@@ -65,7 +65,7 @@ class LeaderChannel:
         while self.store.queue_len(key) == 0:
             check_alive()
             if deadline is not None and time.monotonic() > deadline:
-                raise EngineDeadError(f"tensor-parallel rank {rank} did not answer within {timeout:.0f} s")
+                raise EngineDeadError(f"rank {rank} did not answer within {timeout:.0f} s")
             time.sleep(pause)
             pause = min(pause * 2, 0.01)
         return pickle.loads(self.store.queue_pop(key))
@@ -76,7 +76,7 @@ class LeaderChannel:
         for rank in self.worker_ranks:
             reply = self.wait_for(rank, check_alive)
             if not reply.ok:
-                raise EngineDeadError(f"tensor-parallel rank {rank} failed:\n{reply.value}")
+                raise EngineDeadError(f"rank {rank} failed:\n{reply.value}")
             values.append(reply.value)
         return values
 
@@ -87,8 +87,8 @@ class WorkerChannel:
     def __init__(self, store: dist.Store, rank: int) -> None:
         listener = store.clone()  # its own connection, whose timeout is the idle wait
         listener.set_timeout(IDLE_POLL)
-        self.inbox = dist.PrefixStore("tp/control", listener)
-        self.store = dist.PrefixStore("tp/control", store)
+        self.inbox = dist.PrefixStore("ranks/control", listener)
+        self.store = dist.PrefixStore("ranks/control", store)
         self.rank = rank
 
     def receive(self) -> Call:

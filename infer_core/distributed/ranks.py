@@ -1,11 +1,11 @@
-"""What one tensor-parallel executor holds that must be let go of, and letting go of it, once.
+"""What one multi-rank executor holds that must be let go of, and letting go of it, once.
 
 ``Ranks`` owns the worker processes, the control channel and its store, rank 0's worker and rank
 0's membership of the process group. The executor registers ``Ranks.close`` with
 ``weakref.finalize``, and nothing here refers back to the executor (the death watch calls
 ``Ranks.on_worker_death``), so an engine that is dropped (``del llm``), collected out of a
 reference cycle, or still alive at interpreter exit stops its workers and leaves the process group
-as ``shutdown()`` does, and the next tensor-parallel engine of the process can join a new one.
+as ``shutdown()`` does, and the next multi-rank engine of the process can join a new one.
 """
 
 from __future__ import annotations
@@ -14,17 +14,10 @@ import logging
 
 import torch.distributed as dist
 
-from infer_parallel_tp.channel import Call, LeaderChannel
-from infer_parallel_tp.group import (
-    RankPlacement,
-    join_group,
-    leave_group,
-    push_layout_for,
-    release_worker,
-    symm_mem_all_reduce_enabled,
-)
-from infer_parallel_tp.processes import SpawnedWorkers
-from infer_parallel_tp.worker_main import STOP
+from infer_core.distributed.channel import Call, LeaderChannel
+from infer_core.distributed.group import GroupSpec, RankPlacement, leave_group, release_worker
+from infer_core.distributed.processes import SpawnedWorkers
+from infer_core.distributed.rank_loop import STOP
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +27,10 @@ STOP_TIMEOUT = 10.0  # seconds a graceful stop waits for workers to exit before 
 class Ranks:
     """The ranks of one executor: ``workers`` (None under torchrun, whose ranks > 0 are not ours to stop)."""
 
-    def __init__(self, placement: RankPlacement, store: dist.Store, workers: SpawnedWorkers | None) -> None:
+    def __init__(self, placement: RankPlacement, store: dist.Store, workers: SpawnedWorkers | None,
+                 spec: GroupSpec) -> None:
         self.placement = placement
+        self.spec = spec
         self.store = store
         self.workers = workers
         self.channel = LeaderChannel(store, placement.world_size)
@@ -46,10 +41,8 @@ class Ranks:
         self.is_stopped = False
 
     def join(self, engine_config) -> None:
-        """Rank 0 joins the process group (the workers do so on INIT)."""
-        settings = engine_config.settings
-        self.parallel = join_group(self.placement, self.store, enable_symm_mem=symm_mem_all_reduce_enabled(settings),
-                                   push_layout=push_layout_for(engine_config, self.placement.world_size))
+        """Rank 0 joins the process group (the workers do so on JOIN)."""
+        self.parallel = self.spec.join(self.placement, self.store, engine_config)
         self.group = dist.group.WORLD
 
     def _holds_group(self) -> bool:
@@ -65,7 +58,7 @@ class Ranks:
         if self.death is not None or self.is_stopped:
             return
         self.death = "; ".join(lines or self.workers.failures())
-        logger.error("tensor-parallel worker died: %s", self.death)
+        logger.error("%s worker died: %s", self.spec.name, self.death)
         self.release_waiting_kernels()
         if self.placement.is_cuda and self._holds_group():
             abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
@@ -74,10 +67,10 @@ class Ranks:
                 self.group = None
 
     def release_waiting_kernels(self) -> None:
-        """Let rank 0's one-shot all-reduces stop waiting for the workers (which are dead, or about to be killed).
+        """Let rank 0's kernels that wait on peers stop waiting for the workers (dead, or about to be killed).
 
-        Unlike NCCL's, the symmetric-memory kernel cannot be aborted: it would wait forever for a dead
-        peer's signal, and with it every later sync of this device (see ``symm_mem``).
+        A communicator with such kernels (the tp plugin's one-shot all-reduce over symmetric memory, which
+        NCCL's abort cannot stop) has ``on_peer_death(dead_ranks)``; it is called here.
         """
         parallel = self.parallel
         if parallel is not None and hasattr(parallel.communicator, "on_peer_death"):

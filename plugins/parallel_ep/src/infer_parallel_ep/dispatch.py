@@ -1,0 +1,115 @@
+"""The experts of one MoE layer over the expert-parallel ranks: each rank's share of the step's tokens goes to
+the ranks that hold its experts by all-to-all, comes back by all-to-all, and the shares are all-gathered.
+
+Every rank enters with the whole step's hidden states (attention is tensor-parallel, its output all-reduced) and
+takes its own contiguous share of the tokens, ``ceil(tokens / ranks)`` rows each (the last ranks fewer, or none).
+For that share it routes each token (the layer's router), then:
+
+1. **counts**: each rank all-gathers a row of ``ranks + experts`` counts, the token rows it sends to each rank
+   and its entries for each expert, so every rank knows what it receives, and the load (``load.py``);
+2. **dispatch**: the token rows, packed rank by rank with no padding, each sent once to every rank that holds one
+   of its experts, with its ``top_k`` weights and its experts' ids local to that rank (another rank's expert:
+   the local count, which the experts' method leaves out), in one ``all_to_all`` for the rows and one for the
+   weights and ids;
+3. the received rows run through the layer's own method (the same grouped GEMMs or torch path as one rank),
+   each row giving the weighted sum over the receiving rank's experts;
+4. **combine**: those sums go back by the reverse ``all_to_all`` and each token sums its ranks' parts (a
+   deterministic reduction over a [ranks, rows, hidden] buffer, not atomic adds);
+5. the shares are all-gathered, so every rank has the whole step's MoE output for the next attention.
+
+The split sizes are read on the host (one sync per layer), so a CUDA graph cannot capture this: the ``ep``
+strategy runs every step eagerly.
+"""
+
+from __future__ import annotations
+
+import torch
+from infer_core.layers.moe import FusedMoE
+from torch import nn
+
+from infer_parallel_ep.communicator import ExpertParallelCommunicator
+
+
+def token_share(num_tokens: int, rank: int, world_size: int) -> tuple[int, int, int]:
+    """``(start, end, rows)``: this rank's contiguous share of the tokens, and the rows every share is padded
+    to for the all-gather (``ceil(num_tokens / world_size)``)."""
+    rows = -(-num_tokens // world_size)
+    start = min(rank * rows, num_tokens)
+    return start, min(start + rows, num_tokens), rows
+
+
+class DispatchedExperts(nn.Module):
+    """A ``FusedMoE`` built with whole experts per rank (``ParallelContext.expert_parallel``), run by all-to-all.
+
+    It holds the layer (its parameters, router settings and method) and computes what the layer computes, the
+    weighted sum over each token's ``top_k`` experts, with the expert-parallel ranks' collectives instead of
+    every rank running its experts on every token and all-reducing.
+    """
+
+    def __init__(self, layer: FusedMoE, communicator: ExpertParallelCommunicator) -> None:
+        super().__init__()
+        if layer.num_local_experts * communicator.world_size != layer.num_experts:
+            raise ValueError(f"{layer.prefix}: {layer.num_local_experts} experts per rank x {communicator.world_size} "
+                             f"ranks != {layer.num_experts} experts: the layer was not built expert-parallel")
+        self.layer = layer
+        self.communicator = communicator
+
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        layer, comm = self.layer, self.communicator
+        world, rank = comm.world_size, comm.rank
+        num_tokens, hidden = x.shape
+        start, end, rows = token_share(num_tokens, rank, world)
+        weights, ids = layer.select_experts(router_logits[start:end])
+        mine = x[start:end]
+
+        # which ranks each token goes to, and the send order: rank by rank, tokens in order within a rank
+        per_rank = layer.num_local_experts
+        dest = ids.long() // per_rank
+        hits = torch.zeros((end - start, world), dtype=torch.bool, device=x.device)
+        hits.scatter_(1, dest, True)
+        to_rank, token = hits.t().nonzero(as_tuple=True)
+
+        # 1. counts: token rows sent to each rank, entries for each expert; every rank's, on every rank
+        sent_rows = hits.sum(0)
+        entries = torch.bincount(ids.reshape(-1).long(), minlength=layer.num_experts)
+        counts = comm.all_gather(torch.cat([sent_rows, entries]).unsqueeze(0), dim=0).cpu()
+        comm.load.add(counts, num_tokens)
+        send_sizes = counts[rank, :world].tolist()
+        recv_sizes = counts[:, rank].tolist()
+
+        # 2. dispatch: the rows, then their weights and local expert ids (float32 holds ids below 2**24 exactly)
+        local = ids[token].long() - (to_rank * per_rank).unsqueeze(1)
+        local_ids = torch.where((local >= 0) & (local < per_rank), local, per_rank)
+        meta = torch.cat([weights[token].float(), local_ids.float()], dim=1)
+        recv_x = comm.all_to_all(mine[token], recv_sizes, send_sizes)
+        recv_meta = comm.all_to_all(meta, recv_sizes, send_sizes)
+
+        # 3. this rank's experts on what it received
+        top_k = ids.shape[1]
+        if recv_x.shape[0]:
+            recv_weights = recv_meta[:, :top_k].contiguous()
+            recv_ids = recv_meta[:, top_k:].to(ids.dtype).contiguous()
+            partial = layer.method.apply(layer, recv_x, recv_weights, recv_ids)
+        else:
+            partial = recv_x
+
+        # 4. combine: the sums back where they came from; each token sums its ranks' parts (no atomic adds)
+        back = comm.all_to_all(partial, send_sizes, recv_sizes)
+        parts = torch.zeros((world, rows, hidden), dtype=x.dtype, device=x.device)
+        parts[to_rank, token] = back
+        share = parts.sum(0)  # [rows, hidden]: rows past this rank's share stay zero (the all-gather's padding)
+
+        # 5. every rank's share, for the next attention
+        return comm.all_gather(share, dim=0)[:num_tokens]
+
+    def extra_repr(self) -> str:
+        return f"expert_parallel={self.communicator.world_size} ranks, all-to-all dispatch and combine"
+
+
+def dispatch_experts(model: nn.Module, communicator: ExpertParallelCommunicator) -> int:
+    """Replace every ``FusedMoE`` of ``model`` with a :class:`DispatchedExperts` around it; how many."""
+    found = [(name, module) for name, module in model.named_modules() if isinstance(module, FusedMoE)]
+    for name, layer in found:
+        parent_name, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, attr, DispatchedExperts(layer, communicator))
+    return len(found)

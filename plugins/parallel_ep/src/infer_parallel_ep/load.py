@@ -1,0 +1,84 @@
+"""Load balance of expert parallelism: entries (token, expert pairs) per expert and per rank, counted on the host.
+
+Every MoE layer's dispatch exchanges, on every rank, each rank's counts per expert (``dispatch.py``), so every
+rank, rank 0 included, sees the whole step's routing; :meth:`ExpertLoad.add` folds one layer's counts in.
+Counters only grow; the engine's metrics read them (``describe``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from infer_core.interfaces import ParallelMetric
+
+
+class ExpertLoad:
+    """Cumulative counts over every MoE layer and step since the engine started.
+
+    ``entries_per_expert`` [num_experts]: entries routed to each expert; ``entries_per_rank`` [ranks]: to each
+    rank's experts; ``tokens_per_rank`` [ranks]: token rows each rank received (a token that picked several of a
+    rank's experts travels once); ``max_rank_entries`` / ``mean_rank_entries``: per dispatch, the busiest rank's
+    entries and the ranks' mean, summed, so their ratio is the imbalance (1 = even; the busiest rank sets a
+    layer's time).
+    """
+
+    def __init__(self, num_experts: int, world_size: int) -> None:
+        self.num_experts = num_experts
+        self.world_size = world_size
+        self.entries_per_expert = torch.zeros(num_experts, dtype=torch.int64)
+        self.entries_per_rank = torch.zeros(world_size, dtype=torch.int64)
+        self.tokens_per_rank = torch.zeros(world_size, dtype=torch.int64)
+        self.num_dispatches = 0
+        self.num_tokens = 0  # tokens routed, over every dispatch
+        self.max_rank_entries = 0
+        self.mean_rank_entries = 0.0
+
+    def add(self, counts: torch.Tensor, num_tokens: int) -> None:
+        """One layer's exchanged counts (host, int64 [ranks, ranks + experts]): row ``r`` holds the token rows
+        rank ``r`` sends to each rank, then its entries for each expert; ``num_tokens``: the step's tokens."""
+        world = self.world_size
+        tokens, entries = counts[:, :world], counts[:, world:]
+        per_expert = entries.sum(0)
+        per_rank = per_expert.view(world, -1).sum(1)  # experts are laid out rank by rank
+        self.entries_per_expert += per_expert
+        self.entries_per_rank += per_rank
+        self.tokens_per_rank += tokens.sum(0)
+        self.num_dispatches += 1
+        self.num_tokens += num_tokens
+        self.max_rank_entries += int(per_rank.max())
+        self.mean_rank_entries += float(per_rank.sum()) / world
+
+    @property
+    def imbalance(self) -> float:
+        """Summed busiest-rank entries over summed mean entries (1.0 before any dispatch)."""
+        return self.max_rank_entries / self.mean_rank_entries if self.mean_rank_entries else 1.0
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "num_dispatches": self.num_dispatches,
+            "num_tokens": self.num_tokens,
+            "entries_per_expert": self.entries_per_expert.tolist(),
+            "entries_per_rank": self.entries_per_rank.tolist(),
+            "tokens_per_rank": self.tokens_per_rank.tolist(),
+            "imbalance": self.imbalance,
+        }
+
+    def metrics(self) -> list[ParallelMetric]:
+        """The counters as ``/metrics`` series: entries per expert, entries and token rows per rank, imbalance;
+        none before the first dispatch (and so none where the experts are not dispatched: ``all_reduce``)."""
+        if not self.num_dispatches:
+            return []
+        experts = tuple((str(e), float(n)) for e, n in enumerate(self.entries_per_expert.tolist()))
+        ranks = tuple((str(r), float(n)) for r, n in enumerate(self.entries_per_rank.tolist()))
+        rows = tuple((str(r), float(n)) for r, n in enumerate(self.tokens_per_rank.tolist()))
+        return [
+            ParallelMetric("moe_expert_entries", "Tokens routed to each expert, over every MoE layer (a token "
+                           "counts once per expert it picked).", "counter", "expert", experts),
+            ParallelMetric("moe_rank_entries", "Token-expert entries each expert-parallel rank computed, over every "
+                           "MoE layer.", "counter", "rank", ranks),
+            ParallelMetric("moe_rank_tokens", "Token rows dispatched to each expert-parallel rank (once per token "
+                           "and rank), over every MoE layer.", "counter", "rank", rows),
+            ParallelMetric("moe_load_imbalance", "Busiest rank's entries over the ranks' mean, summed over every "
+                           "dispatch (1 = even).", "gauge", "layers", (("all", self.imbalance),)),
+        ]

@@ -1,0 +1,38 @@
+"""The expert-parallel plugin's setting: over how many ranks the experts are sharded.
+
+Declared through ``register_settings`` (``plugin.py``), so it is a setting like the core's:
+``INFER_EXPERT_PARALLEL_SIZE``, ``--expert-parallel-size``, ``LLM(expert_parallel_size=2)``. Read as
+``EPSettings.of(engine_settings)``. This module imports pydantic and ``infer_core.interfaces`` only.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from infer_core.interfaces import PluginSettings
+from pydantic import Field
+
+
+class EPSettings(PluginSettings):
+    """``expert_parallel_size`` above 1 selects the ``ep`` strategy (unless ``parallel`` names another)."""
+
+    section = "expert parallelism"
+
+    expert_parallel_size: int = Field(
+        1,
+        ge=1,
+        title="ranks the experts are sharded over",
+        description="GPUs (or CPU processes) a mixture-of-experts model runs on: each holds num_experts / N whole "
+                    "experts, attention is split over the same ranks as tensor parallelism splits it, and each "
+                    "rank's share of a step's tokens reaches the experts' ranks by all-to-all; must divide "
+                    "num_experts. 1 = off",
+    )
+    expert_parallel_dispatch: Literal["all_to_all", "all_reduce"] = Field(
+        "all_to_all",
+        title="how tokens meet their experts: all_to_all, all_reduce",
+        description="all_to_all = each rank routes its share of the step's tokens and sends each token to the ranks "
+                    "holding its experts (counts exchanged first, packed rows), the results come back the same way "
+                    "and the shares are all-gathered; the split sizes are read on the host, so every step runs "
+                    "eagerly. all_reduce = every rank runs its experts on every token it routed there and the "
+                    "partial sums are all-reduced: no host sync, so decode steps replay CUDA graphs; no load counts",
+    )

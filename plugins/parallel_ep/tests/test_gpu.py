@@ -1,0 +1,51 @@
+"""Expert parallelism on two GPUs (NCCL): EP=2 against one GPU, in float32, both dispatches.
+
+Run on a machine with two GPUs: ``python -m pytest -m gpu plugins/parallel_ep/tests``. Skipped elsewhere.
+The all-to-all dispatch runs every step eagerly (its split sizes are read on the host) and takes the grouped-GEMM
+kernels on what each GPU received; the all-reduce dispatch's decode steps replay CUDA graphs holding the NCCL
+all-reduce of the experts' partial sums.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from infer_core import LLM, SamplingParams
+from infer_core.testing import LogitsRecorder
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA devices"),
+]
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+
+def _prompts(vocab: int, lengths=(5, 40, 97, 300, 12)) -> list[list[int]]:
+    rng = random.Random(3)
+    return [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
+
+
+def _generate(folder, prompts, **settings):
+    llm = LLM(str(folder), device="cuda", dtype="float32", max_model_len=1024, max_num_batched_tokens=64,
+              gpu_memory_utilization=0.5, **settings)
+    try:
+        with LogitsRecorder(llm.engine) as recorder:
+            outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+        return [o.outputs[0].token_ids for o in outputs], [recorder.logits[o.request_id][0] for o in outputs]
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize("dispatch", ["all_to_all", "all_reduce"])
+@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral"])
+def test_two_gpus_match_one_in_float32(tiny_checkpoint, assert_no_workers_left, kind, dispatch):
+    folder = tiny_checkpoint(kind)
+    prompts = _prompts(384)
+    ref_tokens, ref_logits = _generate(folder, prompts)
+    tokens, logits = _generate(folder, prompts, expert_parallel_size=2, expert_parallel_dispatch=dispatch)
+    assert tokens == ref_tokens
+    for got, expected in zip(logits, ref_logits):
+        torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-3)
+    assert_no_workers_left()

@@ -1,0 +1,76 @@
+"""The ep strategy's choice and refusals (before any worker starts), and the dispatch's pure parts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from infer_core.errors import PluginError
+from infer_core.loader import assemble
+from infer_core.settings import load_settings
+
+from infer_parallel_ep.dispatch import token_share
+from infer_parallel_ep.load import ExpertLoad
+
+
+def _parallel(folder, **settings) -> str:
+    return assemble(load_settings(model=str(folder), device="cpu", **settings)).config.implementations["parallel"]
+
+
+def test_expert_parallel_size_above_one_selects_ep(tiny_checkpoint):
+    folder = tiny_checkpoint("mixtral")
+    assert _parallel(folder) == "single"
+    assert _parallel(folder, expert_parallel_size=2) == "ep"
+
+
+def test_a_dense_model_is_refused_with_the_fix(tiny_checkpoint, assert_no_workers_left):
+    with pytest.raises(PluginError, match=r"(?s)expert_parallel_size=2 shards the experts.*is dense.*"
+                                          r"INFER_TENSOR_PARALLEL_SIZE=2"):
+        _parallel(tiny_checkpoint("qwen3"), expert_parallel_size=2)
+    assert_no_workers_left()
+
+
+def test_a_size_that_does_not_divide_the_experts_is_refused_with_the_numbers(tiny_checkpoint):
+    folder = tiny_checkpoint("qwen3_moe", num_experts=6)
+    with pytest.raises(PluginError, match=r"num_experts=6 is not divisible by expert_parallel_size=4 \(6 % 4 = 2;"
+                                          r".*choose a size that divides 6 \(2, 3, 6\)"):
+        _parallel(folder, expert_parallel_size=4)
+
+
+def test_tensor_parallel_size_beside_it_is_refused(tiny_checkpoint):
+    with pytest.raises(PluginError, match="leave INFER_TENSOR_PARALLEL_SIZE at 1"):
+        _parallel(tiny_checkpoint("mixtral"), expert_parallel_size=2, tensor_parallel_size=2, parallel="ep")
+
+
+@pytest.mark.parametrize("num_tokens,world", [(1, 4), (5, 2), (7, 4), (8, 4), (3, 4)])
+def test_token_shares_cover_every_token_once_in_order(num_tokens, world):
+    shares = [token_share(num_tokens, rank, world) for rank in range(world)]
+    rows = {r for _, _, r in shares}
+    assert rows == {-(-num_tokens // world)}
+    covered = [t for start, end, _ in shares for t in range(start, end)]
+    assert covered == list(range(num_tokens))
+
+
+def test_load_counts_entries_per_expert_and_rank():
+    load = ExpertLoad(num_experts=4, world_size=2)
+    # rank 0 sends 3 rows to rank 0 and 1 to rank 1, entries 2, 1 | 0, 1; rank 1: 0 and 2 rows, entries 0, 0 | 2, 2
+    load.add(torch.tensor([[3, 1, 2, 1, 0, 1], [0, 2, 0, 0, 2, 2]]), num_tokens=4)
+    got = load.describe()
+    assert got["entries_per_expert"] == [2, 1, 2, 3]
+    assert got["entries_per_rank"] == [3, 5]
+    assert got["tokens_per_rank"] == [3, 3]
+    assert got["imbalance"] == pytest.approx(5 / 4)
+    assert got["num_tokens"] == 4
+
+
+@pytest.mark.parametrize("dispatch,graphs", [("all_to_all", False), ("all_reduce", True)])
+def test_only_the_all_reduce_dispatch_lets_decode_steps_replay_cuda_graphs(tiny_checkpoint, dispatch, graphs):
+    """The all-to-all's split sizes are read on the host: no CUDA graph can hold it."""
+    from infer_core.models.source import read_model_config, resolve_model_source
+    from infer_core.platform import make_runtime_context
+
+    from infer_parallel_ep.strategy import ExpertParallelStrategy
+
+    settings = load_settings(model=str(tiny_checkpoint("mixtral")), device="cpu", expert_parallel_size=2,
+                             expert_parallel_dispatch=dispatch)
+    ctx = make_runtime_context(settings, read_model_config(resolve_model_source(settings.model)))
+    assert ExpertParallelStrategy(ctx).supports_cuda_graphs is graphs
