@@ -47,7 +47,7 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> E
     counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
-    padded[num_experts] = 0  # the left-out entries take no slots
+    padded[num_experts:].zero_()  # the left-out entries take no slots (a fill on the device: capturable)
     ends = padded.cumsum(0)
     starts = ends - padded
     order = torch.argsort(flat, stable=True)
