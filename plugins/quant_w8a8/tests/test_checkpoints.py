@@ -209,3 +209,11 @@ def test_hf_fp8_block_checkpoint_holds_what_transformers_dequantizes(tiny, tmp_p
         got = dequantize_weight(linear.weight, linear.weight_scale_inv, 128)
         torch.testing.assert_close(got, expected_rows(expected, name), rtol=0, atol=0, msg=name)
     assert all(len(t) == 8 for t in tokens)
+
+
+def test_quantizers_refuse_what_they_cannot_load(tiny, written):
+    with pytest.raises(PluginError, match="loads checkpoints quantized with 'compressed-tensors', and this one has no"):
+        LLM(str(tiny("llama")), device="cpu", dtype="float32", quantization="compressed-tensors")
+    folder, _ = written("llama", "W8A8", online_scales=True)
+    with pytest.raises(PluginError, match="pre-quantized checkpoints load on one rank for now"):
+        LLM(str(folder), device="cpu", dtype="float32", tensor_parallel_size=2)
