@@ -156,4 +156,4 @@ def test_quantized_checkpoint_without_a_quantizer(tmp_path, tiny_checkpoint):
             with pytest.raises(PluginError, match=r"the checkpoint is quantized with 'awq' \(quantization_config"
                                                   r".quant_method\) and no installed quantizer handles it. Installed "
                                                   r"quantizers: none \(infer-core\)"):
-                LLM(str(folder), load_format="dummy")
+                LLM(str(folder), load_format="dummy", plugins=[])  # the core alone: no plugin's quantizers

@@ -37,10 +37,10 @@ class LinearMethod(ABC):
         loaded: torch.Tensor,
         output_offset: int | None,
     ) -> None:
-        """Copy an already rank-sliced checkpoint tensor into ``param``.
+        """Copy an already rank-sliced checkpoint tensor into ``param``, converted to its dtype.
 
-        ``output_offset`` is where a fused shard starts along ``param.output_dim`` (None: the
-        whole parameter).
+        ``loaded`` is in the checkpoint's dtype (a quantizing method quantizes it here). ``output_offset`` is
+        where a fused shard starts along ``param.output_dim`` (None: the whole parameter).
         """
         dst = param.data
         out_dim = getattr(param, "output_dim", None)

@@ -109,9 +109,11 @@ class LinearBase(nn.Module):
         return loaded
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | str | None = None) -> None:
+        """Hand the method this rank's part of a checkpoint tensor, in the checkpoint's dtype (the method converts
+        it: a quantizing method reads the unquantized values)."""
         part = self.narrow_for_rank(param, loaded, shard_id)
         offset = self.shard_offset(shard_id) if getattr(param, "output_dim", None) is not None else None
-        self.method.load_weight(self, param, part.to(param.dtype), offset)
+        self.method.load_weight(self, param, part, offset)
 
     def forward(self, x: torch.Tensor | NormedInput) -> torch.Tensor:
         """``act(x @ W^T + b)``; x may be the input norm not computed yet, computed here."""

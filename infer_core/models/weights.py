@@ -92,7 +92,8 @@ def init_dummy_weights(model: nn.Module, seed: int) -> None:
 
     A sharded parameter is filled through its layer's ``weight_loader`` from the full checkpoint
     tensor drawn on its device (seeded by name and shard), so every tensor-parallel size runs the
-    same model and TP=N can be checked against TP=1.
+    same model and TP=N can be checked against TP=1. That holds for a quantized method's 8-bit weight
+    too: the method quantizes the drawn values as it would a checkpoint's.
     """
     seen: set[int] = set()
     num_layers = sum(1 for name, _ in model.named_modules() if name.endswith(".self_attn"))
@@ -108,12 +109,12 @@ def init_dummy_weights(model: nn.Module, seed: int) -> None:
             if name.endswith(".bias"):
                 param.data.zero_()
                 continue
-            if not param.is_floating_point():
-                continue
             shard_seed = seed * 1_000_003 + zlib.crc32(name.encode())
             shapes = getattr(module, "checkpoint_shapes", None)
             shapes = shapes(param) if shapes is not None and hasattr(param, "weight_loader") else None
             if shapes is None:
+                if not param.is_floating_point():
+                    continue
                 shape = tuple(param.shape)
                 values = _dummy_values(shape, shard_seed, param.device, _dummy_std(name, shape, num_layers))
                 param.data.copy_(values.to(param.dtype))

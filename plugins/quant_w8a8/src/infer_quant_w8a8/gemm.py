@@ -1,0 +1,70 @@
+"""The W8A8 products of more rows than the GEMV takes, one function per kernel, chosen when a layer is built.
+
+Each takes the flat rows ``x`` [M, K], the quantized weight [N, K] and its float32 scales [N, groups], the
+layer's scheme, the bias and the static input scale, and returns ``x @ W^T + bias`` in x's dtype:
+
+- ``reference``: :func:`infer_quant_w8a8.quantize.reference_linear` (int8 summed exactly by ``torch._int_mm``,
+  e4m3 in float32). The CPU's path, and where no GPU kernel below applies (groups of K columns).
+- ``fp8_scaled_mm``: ``torch._scaled_mm`` with row-wise scales (a scale per token, a scale per weight row),
+  Hopper's FP8 tensor cores; K and N multiples of 16.
+- ``int8_int_mm``: ``torch._int_mm`` (int32 sums) and the scales applied after; K and N multiples of 8, and
+  more than 16 rows (fewer are padded to 17: only 9-16-row batches, the GEMV takes up to 8).
+
+No triton here; torch ops only, so every path runs under CUDA graphs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from infer_quant_w8a8.quantize import quantize_activations, reference_linear
+from infer_quant_w8a8.schemes import LinearScheme, QuantDtype
+
+GemmFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, LinearScheme, "torch.Tensor | None",
+                   "torch.Tensor | None"], torch.Tensor]
+
+INT_MM_MIN_ROWS = 17  # torch._int_mm on CUDA takes more than 16 rows
+
+
+def _rowwise(x_scale: torch.Tensor, rows: int) -> torch.Tensor:
+    """A [rows, 1] float32 scale per row (a static per-tensor scale repeated)."""
+    return x_scale if x_scale.shape[0] == rows else x_scale.expand(rows, 1).contiguous()
+
+
+def fp8_scaled_mm(x, weight, scale, scheme, bias, input_scale):
+    xq, x_scale = quantize_activations(x, scheme.activation, input_scale)
+    out = torch._scaled_mm(xq, weight.t(), scale_a=_rowwise(x_scale, x.shape[0]), scale_b=scale.view(1, -1),
+                           out_dtype=torch.bfloat16)  # row-wise scaling writes bfloat16
+    if bias is not None:
+        out = out + bias
+    return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
+def int8_int_mm(x, weight, scale, scheme, bias, input_scale):
+    xq, x_scale = quantize_activations(x, scheme.activation, input_scale)
+    rows = xq.shape[0]
+    if rows < INT_MM_MIN_ROWS:
+        xq = F.pad(xq, (0, 0, 0, INT_MM_MIN_ROWS - rows))
+    sums = torch._int_mm(xq, weight.t())[:rows]
+    out = sums.float() * x_scale * scale.view(1, -1)
+    if bias is not None:
+        out += bias.float()
+    return out.to(x.dtype)
+
+
+def reference(x, weight, scale, scheme, bias, input_scale):
+    return reference_linear(x, weight, scale, scheme, bias, input_scale)
+
+
+def choose_gemm(scheme: LinearScheme, n: int, k: int, device: torch.device) -> GemmFn:
+    """The kernel of a layer of ``n`` x ``k`` weights on ``device``, chosen once when it is built."""
+    if device.type != "cuda" or scheme.weight.group_k is not None:
+        return reference
+    if scheme.weight.dtype is QuantDtype.FP8 and n % 16 == 0 and k % 16 == 0:
+        return fp8_scaled_mm
+    if scheme.weight.dtype is QuantDtype.INT8 and n % 8 == 0 and k % 8 == 0:
+        return int8_int_mm
+    return reference

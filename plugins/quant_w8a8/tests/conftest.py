@@ -1,0 +1,31 @@
+"""Without CUDA the GEMV kernel runs in Triton's interpreter: set it before any kernel module is imported.
+
+Layers built on the CPU keep running the torch reference under it (``infer_core.layers.fused.TRITON_DEVICES``),
+so the engines of these tests run the reference path, and the kernel tests call the kernel directly.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture
+def device() -> str:
+    return DEVICE
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

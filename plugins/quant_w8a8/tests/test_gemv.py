@@ -1,0 +1,60 @@
+"""The W8 GEMV (Triton; interpreted on the CPU at small shapes) against ``x @ dequant(W)^T`` in float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from infer_quant_w8a8.quantize import dequantize_weight, quantize_weight
+from infer_quant_w8a8.schemes import QuantDtype, WeightFormat
+
+
+def _case(n, k, rows, dtype, group_k, x_dtype, device, bias=True):
+    g = torch.Generator().manual_seed(n * 1000 + k + rows)
+    w = torch.randn(n, k, generator=g)
+    wq, scale = quantize_weight(w, WeightFormat(dtype, group_k))
+    x = torch.randn(rows, k, generator=g).to(x_dtype)
+    b = torch.randn(n, generator=g).to(x_dtype) if bias else None
+    expected = x.double() @ dequantize_weight(wq, scale, group_k).double().T + (b.double() if bias else 0)
+    return [t.to(device) if t is not None else None for t in (x, wq, scale, b)], expected
+
+
+# N=36 leaves a partial column block; K=80 a masked K tail; groups of 16 columns take one scale a K tile
+@pytest.mark.parametrize("dtype", list(QuantDtype))
+@pytest.mark.parametrize("n, k, rows, group_k", [(36, 80, 1, None), (32, 64, 3, 16)])
+def test_w8_gemv_matches_the_dequantized_product(device, dtype, n, k, rows, group_k):
+    from infer_quant_w8a8.gemv import w8_gemv
+
+    (x, wq, scale, b), expected = _case(n, k, rows, dtype, group_k, torch.float32, device)
+    got = w8_gemv(x, wq, scale, b, group_k)
+    assert got.shape == (rows, n) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double().cpu(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_w8_gemv_rounds_once_to_bfloat16(device):
+    from infer_quant_w8a8.gemv import w8_gemv
+
+    (x, wq, scale, b), expected = _case(32, 64, 2, QuantDtype.INT8, None, torch.bfloat16, device)
+    got = w8_gemv(x, wq, scale, b)
+    assert got.dtype == torch.bfloat16
+    # one rounding of the float32 sum: within a bfloat16 step (the interpreter truncates) of the exact value
+    step = expected.abs() * 2.0**-7 + 1e-3
+    assert bool(((got.double().cpu() - expected).abs() <= step).all())
+
+
+def test_w8_gemv_refuses_more_rows_than_a_decode_batch(device):
+    from infer_quant_w8a8.gemv import MAX_ROWS, w8_gemv
+
+    (x, wq, scale, _), _ = _case(32, 64, MAX_ROWS + 1, QuantDtype.INT8, None, torch.float32, device, bias=False)
+    with pytest.raises(ValueError, match="at most 8 rows"):
+        w8_gemv(x, wq, scale)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(QuantDtype))
+def test_w8_gemv_on_the_gpu_at_qwen3_8b_shapes(dtype):
+    from infer_quant_w8a8.gemv import w8_gemv
+
+    for n, k, group_k in ((6144, 4096, None), (4096, 12288, None), (24576, 4096, 128)):
+        (x, wq, scale, b), expected = _case(n, k, 1, dtype, group_k, torch.bfloat16, "cuda")
+        got = w8_gemv(x, wq, scale, b, group_k).double().cpu()
+        assert bool(((got - expected).abs() <= expected.abs() * 2.0**-8 + 1e-2).all())
