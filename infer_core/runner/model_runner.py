@@ -136,8 +136,10 @@ class ModelRunner:
         if self.device.type == "cuda":
             self.host_slots = HostSlots(max_num_tokens, torch.cuda.current_stream(self.device))
         if self.uses_cuda_graphs():
+            # a decoding policy other than the standard one may verify drafts: a batch-1 verify step has its graph
+            verify = self.config.implementations.get("decoding", "standard") != "standard"
             self.graphs = CudaGraphRunner(self.buffers, self.config.block_size, self.config.max_model_len,
-                                          capture_sizes(s.max_num_seqs), self.prefill_graph_sizes())
+                                          capture_sizes(s.max_num_seqs), self.prefill_graph_sizes(), verify)
             with torch.inference_mode():
                 self.graphs.capture(self.attention.build_metadata, self._forward_logits, self._forward_sampled,
                                     greedy_argmax)

@@ -88,7 +88,6 @@ def test_speculative_sampling_has_the_plain_distribution(folder, plain):
     samples, llm = sample(folder, FixedDraft, draft_token)
     stats = llm.engine.decoding.stats()
     assert stats.num_draft_tokens == NUM_SAMPLES and 0.2 < stats.acceptance_rate < 0.8  # accepts and rejects
-    assert samples[0] == plain_samples[0]  # the prefill's token: no draft, the same draws
     for position in (1, 2):
         assert chi_square_p_value(samples[position], plain_samples[position]) > 0.01
 
