@@ -149,11 +149,12 @@ class _Replayed:
         self.replays.append(self.name)
 
 
-def _dispatch_setup(vocab: int = 11):
+def _dispatch_setup(vocab: int = 11, verify: bool = False):
     """A CudaGraphRunner over CPU buffers with decode graphs 1, 2, 4, 8, prefill graphs 16, 32 and an
-    argmax graph per decode size, each graph's output a distinct tensor; and the replay log."""
+    argmax graph per decode size (with ``verify``, a verify graph of 16 tokens), each graph's output a
+    distinct tensor; and the replay log."""
     buffers = StepBuffers(64, 8, 8, torch.device("cpu"), pad_block=50)
-    graphs = CudaGraphRunner(buffers, 4, 64, capture_sizes(8), prefill_capture_sizes(32))
+    graphs = CudaGraphRunner(buffers, 4, 64, capture_sizes(8), prefill_capture_sizes(32), verify=verify)
     replays: list[str] = []
     for size in graphs.sizes:
         logits = torch.arange(size * vocab, dtype=torch.float32).view(size, vocab) + 1000 * size
@@ -162,6 +163,9 @@ def _dispatch_setup(vocab: int = 11):
     for size in graphs.prefill_sizes:
         graphs.prefill_graphs[size] = _Graph(_Replayed(replays, f"prefill {size}"), torch.full((1, vocab), size * 1.0),
                                              None)
+    for size in graphs.verify_sizes:
+        graphs.verify_graphs[size] = _Graph(_Replayed(replays, f"verify {size}"),
+                                            torch.arange(size * vocab, dtype=torch.float32).view(size, vocab), None)
     return buffers, graphs, replays
 
 
@@ -176,6 +180,30 @@ def test_graph_for_picks_the_graph_a_step_is_padded_for():
     assert graph_for(graphs, SchedulerOutput(num_scheduled_tokens={"p": 20})) == (None, 32)
     assert graph_for(graphs, SchedulerOutput(num_scheduled_tokens={"p": 33})) == (None, None)  # past the largest
     assert graph_for(graphs, SchedulerOutput(num_scheduled_tokens={"p": 5, "a": 1})) == (None, None)  # mixed
+    _, graphs, _ = _dispatch_setup(verify=True)
+    assert graph_for(graphs, drafted) == (None, None)  # two requests verifying: eager
+    one = SchedulerOutput(num_scheduled_tokens={"a": 4}, spec_token_ids={"a": [5, 6, 7]})
+    assert graph_for(graphs, one) == (None, 16)  # one request's k+1 tokens: the verify graph
+    many = SchedulerOutput(num_scheduled_tokens={"a": 17}, spec_token_ids={"a": list(range(16))})
+    assert graph_for(graphs, many) == (None, None)  # past the verify graph
+
+
+def test_a_verify_step_replays_the_verify_graph_and_takes_its_sampled_rows():
+    block_size = 4
+    buffers, graphs, replays = _dispatch_setup(verify=True)
+    table = RequestTable()
+    first = SchedulerOutput(num_scheduled_tokens={"v": 5})
+    first.new_requests.append(NewRequestData("v", [3, 4, 5, 6, 7], 5, SamplingParams(), [0, 1, 2], 0))
+    table.apply(first)
+    step = SchedulerOutput(cached_requests=[CachedRequestData("v", [8], [], 5)], num_scheduled_tokens={"v": 3},
+                           spec_token_ids={"v": [9, 10]})
+    table.apply(step)
+    inputs = build_step_inputs(step, table, block_size, torch.device("cpu"), buffers,
+                               padded_num_tokens=graph_for(graphs, step)[1])
+    assert inputs.prefill_graph == 16 and inputs.sample_rows == [0, 0, 0]
+    assert inputs.input_ids[:3].tolist() == [8, 9, 10] and inputs.logits_indices.tolist() == [0, 1, 2]
+    logits = forward_step(inputs, graphs, None)
+    assert replays == ["verify 16"] and torch.equal(logits, graphs.verify_graphs[16].logits[:3])
 
 
 def test_forward_step_replays_the_chosen_graph_or_runs_eagerly():

@@ -65,10 +65,10 @@ def test_aliases_and_lists(monkeypatch):
 def test_infer_config_prints_values_and_sources(monkeypatch, draft_plugin):
     monkeypatch.setenv("INFER_MAX_MODEL_LEN", "2048")
     monkeypatch.setenv("INFER_API_KEY", "secret-key")
-    monkeypatch.setenv("INFER_SPECULATIVE_MODEL", "/models/draft")
+    monkeypatch.setenv("INFER_DRAFT_MODEL_FOLDER", "/models/draft")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(draft_plugin), *sys.path])}
     out = subprocess.run([sys.executable, "-m", "infer_core.cli", "config", "--max-num-seqs", "12",
-                          "--num-speculative-tokens", "9"], capture_output=True, text=True, check=True, env=env).stdout
+                          "--num-draft-tokens", "9"], capture_output=True, text=True, check=True, env=env).stdout
     rows = {line.split()[0]: line for line in out.splitlines()}
     assert "12" in rows["max_num_seqs"] and rows["max_num_seqs"].endswith("(argument)")
     assert "2048" in rows["max_model_len"] and rows["max_model_len"].endswith("(env INFER_MAX_MODEL_LEN)")
@@ -81,13 +81,14 @@ def test_infer_config_prints_values_and_sources(monkeypatch, draft_plugin):
     assert rows["attention"].endswith("(default rule: the best backend that can run here)")
     assert rows["parallel"].split()[1] == "single" and rows["quantization"].split()[1] == "none"
     # a plugin's settings: value, source and the plugin that declared them
-    assert rows["num_speculative_tokens"].split()[1] == "9"
-    assert rows["num_speculative_tokens"].endswith("(argument; declared by plugin draft of infer-draft 0.2.0)")
-    assert rows["speculative_model"].endswith("(env INFER_SPECULATIVE_MODEL; declared by plugin draft of "
+    assert rows["num_draft_tokens"].split()[1] == "9"
+    assert rows["num_draft_tokens"].endswith("(argument; declared by plugin draft of infer-draft 0.2.0)")
+    assert rows["draft_model_folder"].endswith("(env INFER_DRAFT_MODEL_FOLDER; declared by plugin draft of "
                                               "infer-draft 0.2.0)")
 
 
-# A plugin with settings of its own, installed as a real distribution (an entry point on sys.path).
+# A plugin with settings of its own, installed as a real distribution (an entry point on sys.path). Its
+# names are none an installed plugin declares (plugins/spec_decode declares num_speculative_tokens).
 DRAFT_SETTINGS = textwrap.dedent('''
     from pydantic import Field, field_validator
 
@@ -97,11 +98,11 @@ DRAFT_SETTINGS = textwrap.dedent('''
     class DraftSettings(PluginSettings):
         section = "speculative decoding"
 
-        num_speculative_tokens: int = Field(4, ge=1, le=16, title="draft tokens a step",
+        num_draft_tokens: int = Field(4, ge=1, le=16, title="draft tokens a step",
                                             description="tokens the draft model proposes each step")
-        speculative_model: str | None = Field(None, description="the draft model's folder")
+        draft_model_folder: str | None = Field(None, description="the draft model's folder")
 
-        @field_validator("speculative_model", mode="before")
+        @field_validator("draft_model_folder", mode="before")
         @classmethod
         def _blank_is_unset(cls, value):
             return None if isinstance(value, str) and not value.strip() else value
@@ -140,63 +141,63 @@ def draft_values(settings):
 
 
 def test_plugin_setting_precedence_and_provenance(draft_plugin, monkeypatch, tmp_path):
-    (tmp_path / ".env").write_text("INFER_NUM_SPECULATIVE_TOKENS=3\nINFER_SPECULATIVE_MODEL=/models/draft-dotenv\n")
-    monkeypatch.setenv("INFER_NUM_SPECULATIVE_TOKENS", "5")
-    values = draft_values(load_settings(num_speculative_tokens=7))
-    assert values.num_speculative_tokens == 7  # argument beats environment
-    assert values.speculative_model == "/models/draft-dotenv"  # .env beats default
+    (tmp_path / ".env").write_text("INFER_NUM_DRAFT_TOKENS=3\nINFER_DRAFT_MODEL_FOLDER=/models/draft-dotenv\n")
+    monkeypatch.setenv("INFER_NUM_DRAFT_TOKENS", "5")
+    values = draft_values(load_settings(num_draft_tokens=7))
+    assert values.num_draft_tokens == 7  # argument beats environment
+    assert values.draft_model_folder == "/models/draft-dotenv"  # .env beats default
     values = draft_values(load_settings())
-    assert values.num_speculative_tokens == 5  # environment beats .env
+    assert values.num_draft_tokens == 5  # environment beats .env
     (tmp_path / ".env").unlink()
-    monkeypatch.delenv("INFER_NUM_SPECULATIVE_TOKENS")
+    monkeypatch.delenv("INFER_NUM_DRAFT_TOKENS")
     settings = load_settings(max_num_seqs=2)
-    assert draft_values(settings).num_speculative_tokens == 4 and draft_values(settings).speculative_model is None
-    monkeypatch.setenv("INFER_SPECULATIVE_MODEL", "/models/draft")
-    settings = load_settings(num_speculative_tokens=6)
-    rows = {name: (value, source) for name, value, source in describe_sources(settings, {"num_speculative_tokens": 6})}
-    assert rows["num_speculative_tokens"] == (6, "argument; declared by plugin draft of infer-draft 0.2.0")
-    assert rows["speculative_model"] == ("/models/draft", "env INFER_SPECULATIVE_MODEL; declared by plugin draft of "
+    assert draft_values(settings).num_draft_tokens == 4 and draft_values(settings).draft_model_folder is None
+    monkeypatch.setenv("INFER_DRAFT_MODEL_FOLDER", "/models/draft")
+    settings = load_settings(num_draft_tokens=6)
+    rows = {name: (value, source) for name, value, source in describe_sources(settings, {"num_draft_tokens": 6})}
+    assert rows["num_draft_tokens"] == (6, "argument; declared by plugin draft of infer-draft 0.2.0")
+    assert rows["draft_model_folder"] == ("/models/draft", "env INFER_DRAFT_MODEL_FOLDER; declared by plugin draft of "
                                                           "infer-draft 0.2.0")
     assert rows["max_num_seqs"] == (256, "default")  # the core's rows come first, unchanged
-    assert list(rows).index("max_num_seqs") < list(rows).index("num_speculative_tokens")
+    assert list(rows).index("max_num_seqs") < list(rows).index("num_draft_tokens")
 
 
 def test_plugin_setting_validation_and_suggestions(draft_plugin, monkeypatch):
-    monkeypatch.setenv("INFER_NUM_SPECULATIVE_TOKENS", "40")
+    monkeypatch.setenv("INFER_NUM_DRAFT_TOKENS", "40")
     monkeypatch.setenv("INFER_MAX_NUM_SEQS", "0")
     with pytest.raises(SettingsError) as error:
         load_settings()
     assert str(error.value) == (  # the core's and the plugin's problems, in one message and one format
         "invalid settings: INFER_MAX_NUM_SEQS / max_num_seqs: Input should be greater than or equal to 1 (got '0'); "
-        "INFER_NUM_SPECULATIVE_TOKENS / num_speculative_tokens: Input should be less than or equal to 16 (got '40')"
+        "INFER_NUM_DRAFT_TOKENS / num_draft_tokens: Input should be less than or equal to 16 (got '40')"
     )
-    monkeypatch.delenv("INFER_NUM_SPECULATIVE_TOKENS")
+    monkeypatch.delenv("INFER_NUM_DRAFT_TOKENS")
     monkeypatch.delenv("INFER_MAX_NUM_SEQS")
-    with pytest.raises(SettingsError, match=r"'num_speculative_token' is not a setting; did you mean "
-                                            r"num_speculative_tokens\? \(settings: model, .*, "
-                                            r"num_speculative_tokens, speculative_model\b"):
-        load_settings(num_speculative_token=2)
-    monkeypatch.setenv("INFER_SPECULATIVE_MODLE", "/models/draft")
-    with pytest.raises(SettingsError, match=r"^INFER_SPECULATIVE_MODLE is not a setting; did you mean "
-                                            r"INFER_SPECULATIVE_MODEL\? \(from the environment\)$"):
+    with pytest.raises(SettingsError, match=r"'num_draft_token' is not a setting; did you mean "
+                                            r"num_draft_tokens\? \(settings: model, .*, "
+                                            r"num_draft_tokens, draft_model_folder\b"):
+        load_settings(num_draft_token=2)
+    monkeypatch.setenv("INFER_DRAFT_MODEL_FOLDRE", "/models/draft")
+    with pytest.raises(SettingsError, match=r"^INFER_DRAFT_MODEL_FOLDRE is not a setting; did you mean "
+                                            r"INFER_DRAFT_MODEL_FOLDER\? \(from the environment\)$"):
         load_settings()
 
 
 def test_a_variable_no_loaded_plugin_declares_is_an_error(draft_plugin, monkeypatch):
-    monkeypatch.setenv("INFER_NUM_SPECULATIVE_TOKENS", "2")
-    assert draft_values(load_settings()).num_speculative_tokens == 2
+    monkeypatch.setenv("INFER_NUM_DRAFT_TOKENS", "2")
+    assert draft_values(load_settings()).num_draft_tokens == 2
     monkeypatch.setenv("INFER_PLUGINS", "")  # the allow-list is read first: no plugin, no plugin settings
     with pytest.raises(SettingsError) as error:
         load_settings()
     message = str(error.value)
-    assert message.startswith("INFER_NUM_SPECULATIVE_TOKENS is not a setting")
+    assert message.startswith("INFER_NUM_DRAFT_TOKENS is not a setting")
     assert message.endswith("(from the environment); INFER_PLUGINS is '': a plugin it leaves out declares no settings")
-    assert draft_values(load_settings(plugins="draft")).num_speculative_tokens == 2  # the argument beats the variable
+    assert draft_values(load_settings(plugins="draft")).num_draft_tokens == 2  # the argument beats the variable
     monkeypatch.delenv("INFER_PLUGINS")
-    monkeypatch.delenv("INFER_NUM_SPECULATIVE_TOKENS")
-    monkeypatch.setenv("INFER_NUM_SPECULATIVE_TOKENZ", "2")
-    with pytest.raises(SettingsError, match=r"^INFER_NUM_SPECULATIVE_TOKENZ is not a setting; did you mean "
-                                            r"INFER_NUM_SPECULATIVE_TOKENS\?"):
+    monkeypatch.delenv("INFER_NUM_DRAFT_TOKENS")
+    monkeypatch.setenv("INFER_NUM_DRAFT_TOKENZ", "2")
+    with pytest.raises(SettingsError, match=r"^INFER_NUM_DRAFT_TOKENZ is not a setting; did you mean "
+                                            r"INFER_NUM_DRAFT_TOKENS\?"):
         load_settings()
 
 
@@ -212,7 +213,7 @@ RIVAL_SETTINGS = textwrap.dedent('''
 
 
 @pytest.mark.parametrize("name, first, fix", [
-    ("num_speculative_tokens", "plugin draft of infer-draft 0.2.0", "; uninstall one or restrict INFER_PLUGINS"),
+    ("num_draft_tokens", "plugin draft of infer-draft 0.2.0", "; uninstall one or restrict INFER_PLUGINS"),
     ("max_num_seqs", "infer-core (the engine's own settings)",
      "; uninstall that plugin or leave it out of INFER_PLUGINS"),
 ])
@@ -253,7 +254,7 @@ def test_engine_config_with_plugin_settings_unpickles_in_a_fresh_process(draft_p
     from infer_core.platform import make_runtime_context
 
     source = resolve_model_source(str(tiny_checkpoint("llama")))
-    settings = load_settings(num_speculative_tokens=7, max_num_seqs=3)
+    settings = load_settings(num_draft_tokens=7, max_num_seqs=3)
     config = EngineConfig(make_runtime_context(settings, read_model_config(source)), source, 16, 64)
     child = textwrap.dedent('''
         import pickle, sys
@@ -266,10 +267,10 @@ def test_engine_config_with_plugin_settings_unpickles_in_a_fresh_process(draft_p
         print("core", config.settings.max_num_seqs, config.block_size)
     ''')
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(draft_plugin), *sys.path]),
-           "INFER_NUM_SPECULATIVE_TOKENS": "2"}  # the child takes the pickled values, not its environment
+           "INFER_NUM_DRAFT_TOKENS": "2"}  # the child takes the pickled values, not its environment
     out = subprocess.run([sys.executable, "-c", child], input=pickle.dumps(config), capture_output=True, env=env,
                          timeout=120)
     assert out.returncode == 0, out.stderr.decode()
     lines = out.stdout.decode().splitlines()
-    assert "draft {'num_speculative_tokens': 7, 'speculative_model': None}" in lines
+    assert "draft {'num_draft_tokens': 7, 'draft_model_folder': None}" in lines
     assert lines[-1] == "core 3 16"

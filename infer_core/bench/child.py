@@ -50,6 +50,7 @@ def run_infer(spec: dict[str, Any]) -> dict[str, Any]:
                 row["step_breakdown"] = engine_runs.profile_latency(
                     llm, spec["prompt_len"], spec["profile_skip"], spec["profile_steps"],
                     _trace_path(spec, row["attention"]))
+        row.update(engine_runs.speculative_figures(llm))
     finally:
         llm.shutdown()
     return row

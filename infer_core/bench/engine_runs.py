@@ -46,6 +46,22 @@ def start_engine(folder: str, settings: dict[str, Any]):
     }
 
 
+def speculative_figures(llm) -> dict[str, Any]:
+    """Acceptance of the decoding policy's drafts over the runs (nothing when it drafts nothing)."""
+    stats = llm.engine.decoding.stats()
+    if stats is None:
+        return {}
+    drafts = max(stats.num_drafts, 1)
+    return {
+        "decoding": llm.engine.config.implementations["decoding"],
+        "num_drafts": stats.num_drafts,
+        "num_draft_tokens": stats.num_draft_tokens,
+        "acceptance_rate": round(stats.acceptance_rate, 4),
+        "mean_acceptance_length": round(stats.mean_acceptance_length, 3),
+        "acceptance_per_position": [round(n / drafts, 4) for n in stats.accepted_per_position],
+    }
+
+
 def measure_throughput(llm, workload: OfflineWorkload) -> dict[str, Any]:
     """The workload's prompts with a few new tokens each (untimed: Triton compiles a kernel per shape
     specialisation the first time it meets one, which its on-disk cache makes a first-run cost), one

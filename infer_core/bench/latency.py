@@ -83,5 +83,6 @@ def run(args: argparse.Namespace) -> int:
         "greedy": True,
         "ignore_eos": True,
     }
-    print(format_rows(rows, ("output_tok_s", "ms_per_token", "ms_per_token_p50", "ttft_ms")))
+    speculative = ("acceptance_rate", "mean_acceptance_length") if any("num_drafts" in r for r in rows) else ()
+    print(format_rows(rows, ("output_tok_s", "ms_per_token", "ms_per_token_p50", "ttft_ms", *speculative)))
     return finish(args, BENCHMARK, device, settings, rows)

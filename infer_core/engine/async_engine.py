@@ -250,7 +250,7 @@ class AsyncEngine:
         counters = engine.counters
         self.snapshot = EngineSnapshot(stats.num_running, stats.num_waiting, stats.kv_usage, stats.num_preemptions,
                                        stats.prefix_queried_tokens, stats.prefix_hit_tokens, counters.prompt_tokens,
-                                       counters.generation_tokens, dict(counters.finished))
+                                       counters.generation_tokens, dict(counters.finished), engine.decoding.stats())
 
     def _die(self, reason: str) -> None:
         self.state = EngineState.DEAD

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from infer_core.interfaces import SpecDecodingStats
+
 
 class EngineState(enum.Enum):
     LOADING = "loading"
@@ -27,3 +29,4 @@ class EngineSnapshot:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     finished: dict[str, int] = field(default_factory=dict)
+    spec_decoding: SpecDecodingStats | None = None  # None: the decoding policy drafts nothing

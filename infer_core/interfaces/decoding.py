@@ -4,10 +4,31 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from infer_core.interfaces.context import RuntimeComponent
 from infer_core.interfaces.request import Request
 from infer_core.interfaces.scheduling import RunnerOutput, SchedulerOutput
+
+
+@dataclass(frozen=True, slots=True)
+class SpecDecodingStats:
+    """Totals of a speculative policy since start (vLLM's ``spec_decode_*`` counters)."""
+
+    num_drafts: int  # verify steps of one request that carried drafts
+    num_draft_tokens: int  # draft tokens verified
+    num_accepted_tokens: int  # draft tokens kept
+    accepted_per_position: tuple[int, ...]  # [j]: drafts whose token j was kept
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Share of verified draft tokens kept (0 before any draft)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens a drafted request gains per verify step: the kept drafts plus the target's own token."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
 
 
 class DecodingPolicy(RuntimeComponent, ABC):
@@ -24,4 +45,12 @@ class DecodingPolicy(RuntimeComponent, ABC):
 
     @abstractmethod
     def accept(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> dict[str, list[int]]:
-        """The tokens each request keeps from this step."""
+        """The tokens each request keeps from this step.
+
+        A request that verified drafts (``scheduler_output.spec_token_ids``) has one sampled token per
+        draft token plus one, and ``runner_output.draft_probs`` gives the target's probability of each
+        draft token after every sampling transform (see ``RunnerOutput``)."""
+
+    def stats(self) -> SpecDecodingStats | None:
+        """Draft and acceptance counters for metrics and benchmarks (None: the policy drafts nothing)."""
+        return None

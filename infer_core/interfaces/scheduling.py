@@ -89,6 +89,12 @@ class RunnerOutput:
     sampled_token_ids: list[list[int]] = field(default_factory=list)
     logprobs: list[list[TokenLogprobs] | None] = field(default_factory=list)
     logits: list[Any] | None = None  # per request, float32 CPU [num_sampled, vocab]; only when asked for
+    # Steps that verify drafts (``SchedulerOutput.spec_token_ids``): per request, one float per sampled
+    # position, the target's probability of the draft token that position verifies, after every sampling
+    # transform (penalties, banned tokens, temperature, top-k/top-p, min-p; a greedy row's is 1 or 0), 0 where
+    # it verifies none. There a sampled token is drawn from the residual (that distribution without the
+    # draft token), the last one from the target's own. None: no draft verified, or not reported.
+    draft_probs: list[list[float]] | None = None
 
 
 class PendingOutput(ABC):

@@ -121,7 +121,9 @@ def _seed_columns(batch: SamplingBatch, device: torch.device) -> tuple[torch.Ten
             torch.tensor(is_seeded, dtype=torch.bool, device=device))
 
 
-def _exponential_noise(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+def exponential_noise(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Exp(1) noise shaped like ``probs``: counter-based (seed, position, token) on seeded rows, else the generator's;
+    ``argmax(probs / noise)`` is then a draw from each row of ``probs`` (which need not sum to 1)."""
     q = torch.empty_like(probs).exponential_(generator=batch.generator)
     if batch.seeds is None:
         return q
@@ -140,17 +142,24 @@ def temperature_column(batch: SamplingBatch, num_rows: int, device: torch.device
     return torch.full((num_rows,), float(batch.temperature), dtype=torch.float32, device=device)
 
 
-def _sample_reference(logits: torch.Tensor, batch: SamplingBatch, temperature: torch.Tensor,
+def transformed_probs(logits: torch.Tensor, batch: SamplingBatch, temperature: torch.Tensor,
                       is_greedy: torch.Tensor) -> torch.Tensor:
-    """The torch path: scale, cut (sorting), renormalise, race against Exp(1) noise."""
+    """The distribution each row samples from (the torch path): scale, cut (sorting), renormalise. Greedy
+    rows are scaled by 1 (the caller takes their argmax instead)."""
     temperature = torch.where(is_greedy, 1.0, temperature).unsqueeze(1)
     scaled = logits / temperature
     if batch.top_k is not None or batch.top_p is not None:
         scaled = apply_top_k_top_p(scaled, batch.top_k, batch.top_p)
     if batch.min_p is not None:
         scaled = apply_min_p(scaled, batch.min_p)
-    probs = scaled.softmax(dim=-1)
-    return (probs / _exponential_noise(probs, batch)).argmax(dim=-1)
+    return scaled.softmax(dim=-1)
+
+
+def _sample_reference(logits: torch.Tensor, batch: SamplingBatch, temperature: torch.Tensor,
+                      is_greedy: torch.Tensor) -> torch.Tensor:
+    """The torch path: the transformed distribution, raced against Exp(1) noise."""
+    probs = transformed_probs(logits, batch, temperature, is_greedy)
+    return (probs / exponential_noise(probs, batch)).argmax(dim=-1)
 
 
 @functools.cache

@@ -16,6 +16,11 @@ device, and the graph computes the logits of the one sampled position only. Back
 Argmax graphs: a greedy decode batch needs only each row's argmax of those logits, so a small graph
 per decode size holds that argmax too (``replay_argmax``): no sampler launch from Python.
 
+Verify graph (speculative decoding, where the runner is told to capture it): one request verifying
+k drafts runs its k+1 tokens as a chunk with context, as a prefill graph does, but samples all of
+them; the graph of the smallest prefill size computes the logits of its first rows
+``logits_indices`` names (as many as the chunk has tokens), so a batch-1 verify step is one replay.
+
 A step meets them in two calls: ``graph_for`` (while its inputs are prepared: the graph its batch
 is padded for) and ``forward_step`` (that graph's replay, or the model run eagerly).
 """
@@ -70,7 +75,7 @@ class CudaGraphRunner:
     """Captures ``forward(input_ids, positions, metadata) -> logits`` per batch size and replays it."""
 
     def __init__(self, buffers: StepBuffers, block_size: int, max_seq_len: int, sizes: list[int],
-                 prefill_sizes: list[int] | None = None) -> None:
+                 prefill_sizes: list[int] | None = None, verify: bool = False) -> None:
         self.buffers = buffers
         self.block_size = block_size
         self.max_seq_len = max_seq_len  # the captured metadata serves any context up to this
@@ -78,11 +83,17 @@ class CudaGraphRunner:
         self.prefill_sizes = [n for n in prefill_sizes or () if n <= buffers.max_num_tokens]
         self.graphs: dict[int, _Graph] = {}
         self.prefill_graphs: dict[int, _Graph] = {}
+        self.verify_sizes = self.prefill_sizes[:1] if verify else []  # token counts of the verify graphs
+        self.verify_graphs: dict[int, _Graph] = {}  # logits of every row of one request's chunk
         self.argmax_graphs: dict[int, _Graph] = {}  # per decode size: each row's argmax of its logits
 
     def padded_size(self, num_reqs: int) -> int | None:
         """The smallest captured size that holds ``num_reqs`` requests (None: run eagerly)."""
         return _smallest_holding(self.sizes, self.graphs, num_reqs)
+
+    def padded_verify_size(self, num_tokens: int) -> int | None:
+        """The verify graph that holds one request's ``num_tokens`` tokens (None: run eagerly)."""
+        return _smallest_holding(self.verify_sizes, self.verify_graphs, num_tokens)
 
     def padded_prefill_size(self, num_tokens: int) -> int | None:
         """The smallest prefill graph that holds one request's ``num_tokens`` tokens (None: run eagerly)."""
@@ -151,6 +162,14 @@ class CudaGraphRunner:
                 metadata = build_metadata(self._prefill_metadata(size))
                 self.prefill_graphs[size] = _capture(pool, forward_chunk, b.dev["input_ids"][:size],
                                                      b.dev["positions"][:size], metadata)
+            for size in self.verify_sizes:
+                # rows past the step's samples hold stale indices: clamped into the chunk, their logits unread
+                def forward_verify(ids, pos, md, rows=b.dev["logits_indices"][:size], last=size - 1):
+                    return forward_sampled(ids, pos, md, rows.clamp(max=last))
+
+                metadata = build_metadata(self._prefill_metadata(size))
+                self.verify_graphs[size] = _capture(pool, forward_verify, b.dev["input_ids"][:size],
+                                                    b.dev["positions"][:size], metadata)
         for size, entry in self.graphs.items() if argmax is not None else ():
             if entry.logits is not None:  # a rank that samples
                 self.argmax_graphs[size] = _capture(pool, lambda logits, *_: argmax(logits), entry.logits, None, None)
@@ -159,9 +178,10 @@ class CudaGraphRunner:
         prefill = (f", one-request prefills of {self.prefill_sizes[0]}-{self.prefill_sizes[-1]} tokens"
                    if self.prefill_graphs else "")
         greedy = " and their greedy argmax" if self.argmax_graphs else ""
+        prefill += f", draft verification of up to {self.verify_sizes[0]} tokens" if self.verify_graphs else ""
         logger.info("captured %d CUDA graphs (decode batch sizes %d-%d%s%s) in %.1f s, %.0f MiB",
-                    len(self.graphs) + len(self.prefill_graphs) + len(self.argmax_graphs), self.sizes[0],
-                    self.sizes[-1], greedy, prefill,
+                    len(self.graphs) + len(self.prefill_graphs) + len(self.argmax_graphs) + len(self.verify_graphs),
+                    self.sizes[0], self.sizes[-1], greedy, prefill,
                     time.perf_counter() - start, used / 2**20)
 
     def replay(self, size: int) -> torch.Tensor | None:
@@ -178,6 +198,12 @@ class CudaGraphRunner:
         entry.graph.replay()
         return entry.logits
 
+    def replay_verify(self, size: int) -> torch.Tensor | None:
+        """Run the verify graph of ``size`` tokens; the logits [size, vocab] of the rows ``logits_indices`` names."""
+        entry = self.verify_graphs[size]
+        entry.graph.replay()
+        return entry.logits
+
     def replay_prefill(self, size: int) -> torch.Tensor | None:
         """Run the prefill graph of ``size`` tokens; the logits [1, vocab] of the row ``logits_indices[0]``."""
         entry = self.prefill_graphs[size]
@@ -188,10 +214,13 @@ class CudaGraphRunner:
 def graph_for(graphs: CudaGraphRunner | None, output: SchedulerOutput) -> tuple[int | None, int | None]:
     """(decode graph's batch size, prefill graph's token count) of the graph that runs the step ``output``
     schedules: at most one is set; (None, None): the step runs eagerly. A decode graph holds steps of
-    one-token requests only, a prefill graph one request's chunk; neither holds draft tokens."""
-    if graphs is None or output.spec_token_ids:
+    one-token requests only, a prefill graph one request's chunk; a step that verifies drafts runs in a
+    verify graph (its token count, in the second place) when it is one request's, else eagerly."""
+    if graphs is None:
         return None, None
     scheduled = output.num_scheduled_tokens
+    if output.spec_token_ids:
+        return None, graphs.padded_verify_size(next(iter(scheduled.values()))) if len(scheduled) == 1 else None
     if all(n == 1 for n in scheduled.values()):
         return graphs.padded_size(len(scheduled)), None
     if len(scheduled) == 1:  # one request's prompt chunk
@@ -221,6 +250,9 @@ def forward_step(inputs: StepInputs, graphs: CudaGraphRunner | None, eager: Eage
             return logits[:num_reqs].clone() if copy_logits else logits[:num_reqs]
         return logits.index_select(0, inputs.logits_indices)  # a one-token chunk short of its prompt's end
     if inputs.prefill_graph is not None:
+        if len(inputs.sample_rows) > 1:  # a verify step (a prompt chunk samples one row at most)
+            logits = graphs.replay_verify(inputs.prefill_graph)
+            return logits[: len(inputs.sample_rows)].clone() if copy_logits else logits[: len(inputs.sample_rows)]
         logits = graphs.replay_prefill(inputs.prefill_graph)  # the KV writes happen whether it samples or not
         if not inputs.sample_rows:
             return None

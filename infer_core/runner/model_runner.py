@@ -9,7 +9,7 @@ A step (``execute_async``) runs in three stages, each one method:
    gives the logits of the rows that sample.
 3. ``_sample``: the sampling batch (sampling_inputs.py) and the sampler, or a greedy decode batch's
    argmax graph; the ids start their copy to the host (step_output.py) and stay on the device for
-   the next step's pending tokens.
+   the next step's pending tokens. A step that verifies draft tokens samples in verify.py instead.
 
 Start-up's dummy steps (the memory profile that sizes the KV cache, the kernel warm-up) are in
 warmup.py.
@@ -46,6 +46,7 @@ from infer_core.runner.kv_cache import allocate_kv_caches, block_bytes
 from infer_core.runner.sampling_inputs import build_sampling_batch, to_device
 from infer_core.runner.state import RequestState, RequestTable
 from infer_core.runner.step_output import HostSlots, SampledStep
+from infer_core.runner.verify import verify_drafts
 from infer_core.runner.warmup import profile_num_blocks, warm_up
 
 logger = logging.getLogger(__name__)
@@ -135,8 +136,10 @@ class ModelRunner:
         if self.device.type == "cuda":
             self.host_slots = HostSlots(max_num_tokens, torch.cuda.current_stream(self.device))
         if self.uses_cuda_graphs():
+            # a decoding policy other than the standard one may verify drafts: a batch-1 verify step has its graph
+            verify = self.config.implementations.get("decoding", "standard") != "standard"
             self.graphs = CudaGraphRunner(self.buffers, self.config.block_size, self.config.max_model_len,
-                                          capture_sizes(s.max_num_seqs), self.prefill_graph_sizes())
+                                          capture_sizes(s.max_num_seqs), self.prefill_graph_sizes(), verify)
             with torch.inference_mode():
                 self.graphs.capture(self.attention.build_metadata, self._forward_logits, self._forward_sampled,
                                     greedy_argmax)
@@ -204,6 +207,11 @@ class ModelRunner:
             self.last_sampled, self.last_sample_rows = None, {}
             return ReadyOutput(RunnerOutput(inputs.request_ids, [[] for _ in inputs.request_ids],
                                             [None for _ in inputs.request_ids]))
+        if output.spec_token_ids:  # drafts to verify: each position's token and its draft's probability
+            self.last_sampled, self.last_sample_rows = None, {}  # no pending tokens while drafts are proposed
+            return verify_drafts(inputs, logits, output.spec_token_ids, self.requests, self.config.model.vocab_size,
+                                 self.config.eos_token_ids, self.device, self.generator, self.host_slots,
+                                 self.return_logits)
         return self._sample(inputs, logits)
 
     def _prepare(self, output: SchedulerOutput) -> StepInputs | None:

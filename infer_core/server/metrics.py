@@ -64,6 +64,18 @@ class _SnapshotCollector(Collector):
             for label, value in metric.values:
                 family.add_metric([self.model_name, label], value)
             yield family
+        spec = s.spec_decoding
+        if spec is not None:  # a speculative decoding policy: vLLM's spec_decode_* counters
+            yield counter("spec_decode_num_drafts", "Verify steps of one request that carried draft tokens.",
+                          spec.num_drafts)
+            yield counter("spec_decode_num_draft_tokens", "Draft tokens verified.", spec.num_draft_tokens)
+            yield counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.", spec.num_accepted_tokens)
+            per_position = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                                               "Draft tokens accepted, by their position in the draft.",
+                                               labels=["model_name", "position"])
+            for position, accepted in enumerate(spec.accepted_per_position):
+                per_position.add_metric([self.model_name, str(position)], accepted)
+            yield per_position
 
 
 class ServerMetrics:

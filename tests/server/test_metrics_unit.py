@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from infer_core.engine.engine_state import EngineSnapshot
+from infer_core.interfaces import SpecDecodingStats
 from infer_core.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from infer_core.server.metrics import ServerMetrics
 
@@ -44,3 +45,16 @@ def test_gauges_and_counters_come_from_the_snapshot():
                                               {"model_name": "m", "finished_reason": "stop"})
     assert value == 4
     assert b"_created" not in metrics.render()
+
+
+def test_speculative_decoding_counters_appear_with_a_speculative_policy():
+    assert b"spec_decode" not in ServerMetrics("m", EngineSnapshot).render()  # standard decoding: none
+    stats = SpecDecodingStats(num_drafts=10, num_draft_tokens=30, num_accepted_tokens=12, accepted_per_position=(7, 4, 1))
+    metrics = ServerMetrics("m", lambda: EngineSnapshot(spec_decoding=stats))
+    assert _sample(metrics, "spec_decode_num_drafts_total") == 10
+    assert _sample(metrics, "spec_decode_num_draft_tokens_total") == 30
+    assert _sample(metrics, "spec_decode_num_accepted_tokens_total") == 12
+    per_position = [metrics.registry.get_sample_value("infer:spec_decode_num_accepted_tokens_per_pos_total",
+                                                      {"model_name": "m", "position": str(p)}) for p in range(3)]
+    assert per_position == [7, 4, 1]
+    assert stats.acceptance_rate == 0.4 and stats.mean_acceptance_length == 2.2

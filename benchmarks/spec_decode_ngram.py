@@ -1,0 +1,107 @@
+"""N-gram (prompt-lookup) speculative decoding against plain decoding, batch 1, on the default model.
+
+Two chat workloads: *grounded* (repeat a paragraph with one change: the output copies its input)
+and *free* (write freely: little to copy). Each prompt is generated greedily, one request at a
+time, by an engine with ``decoding="standard"`` and by one with ``decoding="ngram"`` (k drafts a
+step, prompt_lookup_min/max as set), in the same process. The figure is output tokens per second
+of wall time over a workload (after a warm-up), the acceptance rate and mean acceptance length of
+the drafts, and whether the speculative tokens equal the plain ones (they must: greedy).
+
+    python -m benchmarks.spec_decode_ngram [--device cuda] [--new-tokens 256] [--k 4] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from benchmarks.common import write_result
+
+PARAGRAPHS = [
+    "The old lighthouse stood at the edge of the cliff for more than a century. Every night its keeper climbed "
+    "the spiral stairs, trimmed the wick and wound the clockwork that turned the great lens. Ships passing in the "
+    "fog trusted its beam, and the village below slept soundly knowing it was there.",
+    "To make bread, mix flour, water, salt and yeast in a large bowl until a shaggy dough forms. Knead it for ten "
+    "minutes until it is smooth and elastic, then let it rise in a warm place for an hour. Shape the loaf, let it "
+    "rise again, and bake it in a hot oven until the crust is deep brown.",
+    "Photosynthesis is the process by which green plants turn light into chemical energy. Inside the leaves, "
+    "chlorophyll absorbs sunlight, which drives the reaction that combines carbon dioxide and water into glucose. "
+    "Oxygen is released as a by-product, and the glucose feeds the growth of the plant.",
+    "def mean(values):\n    total = 0\n    for value in values:\n        total += value\n    return total / "
+    "len(values)\n\n\ndef variance(values):\n    m = mean(values)\n    total = 0\n    for value in values:\n"
+    "        total += (value - m) ** 2\n    return total / len(values)\n",
+]
+CHANGES = ["the word 'old' replaced by 'ancient'", "'ten minutes' replaced by 'twelve minutes'",
+           "'green plants' replaced by 'plants'", "the function 'mean' renamed to 'average' everywhere"]
+FREE = ["Write a short story about a fox who learns to fly.", "Explain how the internet works to a child.",
+        "Describe your ideal weekend in detail.", "Write a letter to a friend about a trip to the mountains."]
+
+
+def workloads() -> dict[str, list[list[dict[str, str]]]]:
+    grounded = [[{"role": "user", "content": f"Repeat the following text exactly, with {change}, and nothing "
+                                             f"else:\n\n{text}"}] for text, change in zip(PARAGRAPHS, CHANGES)]
+    free = [[{"role": "user", "content": prompt}] for prompt in FREE]
+    return {"grounded": grounded, "free": free}
+
+
+def run(decoding: str, args: argparse.Namespace) -> dict[str, dict]:
+    from infer_core import LLM, SamplingParams
+
+    settings = {"device": args.device, "decoding": decoding}
+    if decoding == "ngram":
+        settings.update(num_speculative_tokens=args.k, prompt_lookup_min=args.min_n, prompt_lookup_max=args.max_n)
+    llm = LLM(**settings)
+    params = SamplingParams(temperature=0, max_tokens=args.new_tokens)
+    llm.chat(workloads()["free"][0], SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)  # warm-up
+    rows = {}
+    for name, chats in workloads().items():
+        before = llm.engine.decoding.stats()
+        start = time.perf_counter()
+        outputs = [llm.chat(chat, params, use_tqdm=False)[0].outputs[0] for chat in chats]  # batch 1
+        seconds = time.perf_counter() - start
+        num_tokens = sum(len(o.token_ids) for o in outputs)
+        row = {"decoding": decoding, "workload": name, "output_tokens": num_tokens, "seconds": round(seconds, 3),
+               "output_tok_s": round(num_tokens / seconds, 1), "token_ids": [o.token_ids for o in outputs]}
+        after = llm.engine.decoding.stats()
+        if after is not None:
+            drafted = after.num_draft_tokens - before.num_draft_tokens
+            accepted = after.num_accepted_tokens - before.num_accepted_tokens
+            drafts = after.num_drafts - before.num_drafts
+            row.update(num_drafts=drafts, num_draft_tokens=drafted, num_accepted_tokens=accepted,
+                       acceptance_rate=round(accepted / max(drafted, 1), 4),
+                       mean_acceptance_length=round(1 + accepted / max(drafts, 1), 3),
+                       accepted_per_position=[a - b for a, b in zip(after.accepted_per_position,
+                                                                    before.accepted_per_position)])
+        rows[name] = row
+    llm.shutdown()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    parser.add_argument("--min-n", type=int, default=2, help="prompt_lookup_min")
+    parser.add_argument("--max-n", type=int, default=4, help="prompt_lookup_max")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    plain, spec = run("standard", args), run("ngram", args)
+    results = []
+    for name in plain:
+        identical = plain[name].pop("token_ids") == spec[name].pop("token_ids")
+        speedup = round(spec[name]["output_tok_s"] / plain[name]["output_tok_s"], 3)
+        spec[name].update(identical_to_plain=identical, speedup=speedup)
+        results += [plain[name], spec[name]]
+        print(f"{name:9s} plain {plain[name]['output_tok_s']:8.1f} tok/s  ngram {spec[name]['output_tok_s']:8.1f} "
+              f"tok/s  x{speedup:.2f}  acceptance {spec[name].get('acceptance_rate')}  mean accepted length "
+              f"{spec[name].get('mean_acceptance_length')}  identical {identical}")
+    settings = {"model": "default (SmolLM2-135M-Instruct)", "batch": 1, "greedy": True, "new_tokens": args.new_tokens,
+                "num_speculative_tokens": args.k, "prompt_lookup_min": args.min_n, "prompt_lookup_max": args.max_n,
+                "device": args.device, "prompts_per_workload": len(PARAGRAPHS)}
+    print(write_result("spec-decode-ngram", settings, results, args.out))
+
+
+if __name__ == "__main__":
+    main()

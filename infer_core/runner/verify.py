@@ -1,0 +1,88 @@
+"""Stage 3 of a step that verifies draft tokens (``SchedulerOutput.spec_token_ids``).
+
+A request that verifies k drafts has k+1 sampled positions in the step, position j seeing the
+drafts before it as its context. Each position is sampled by ``layers/draft_verification.py``: its
+token drawn from the residual of the draft token it verifies (from the target's own distribution
+after the last draft), and the target's probability of that draft token, which reaches the decoding
+policy as ``RunnerOutput.draft_probs``. The penalties of position j count drafts 0..j-1 as output
+tokens. Steps without drafts never come here (``ModelRunner._execute``).
+
+Overlapped scheduling is off while drafts are proposed, so no sampled request has a pending token.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from infer_core.interfaces import RunnerOutput
+from infer_core.layers.draft_verification import sample_verified
+from infer_core.layers.sampler import SamplingBatch
+from infer_core.runner.inputs import StepInputs
+from infer_core.runner.sampling_inputs import build_sampling_batch, to_device
+from infer_core.runner.state import RequestTable
+from infer_core.runner.step_output import HostSlots, SampledStep
+
+
+def _draft_columns(sampled_ids: list[str], spec_token_ids: dict[str, list[int]]) -> tuple[list[int], list[int]]:
+    """Per sampled row: the draft token it verifies (-1: none) and how many of its request's rows precede it."""
+    draft_ids, offsets = [], []
+    previous, offset = None, 0
+    for request_id in sampled_ids:
+        offset = offset + 1 if request_id == previous else 0
+        previous = request_id
+        draft = spec_token_ids.get(request_id, ())
+        draft_ids.append(draft[offset] if offset < len(draft) else -1)
+        offsets.append(offset)
+    return draft_ids, offsets
+
+
+def _count_earlier_drafts(batch: SamplingBatch, sampled_ids: list[str], offsets: list[int],
+                          spec_token_ids: dict[str, list[int]], vocab_size: int, device: torch.device) -> None:
+    """Add drafts 0..j-1 to the output counts and seen tokens of each request's row j (the penalties' context)."""
+    flat = [row * vocab_size + token for row, (request_id, offset) in enumerate(zip(sampled_ids, offsets))
+            for token in spec_token_ids.get(request_id, ())[:offset]]
+    if not flat:
+        return
+    index = to_device(np.asarray(flat, dtype=np.int64), device)
+    if batch.output_counts is not None:
+        counts = batch.output_counts.view(-1)
+        counts.index_put_((index,), torch.ones((), dtype=counts.dtype, device=device), accumulate=True)
+    if batch.seen_mask is not None:
+        batch.seen_mask.view(-1).index_fill_(0, index, True)
+
+
+class VerifiedStep(SampledStep):
+    """A sampled step whose output also carries each position's draft-token probability (``draft_probs``)."""
+
+    def __init__(self, request_ids, sample_rows, states, sampled, draft_probs: torch.Tensor, logits=None,
+                 slot=None) -> None:
+        if draft_probs.is_cuda:  # queued before the ids' copy and its event, which then covers it too
+            host = torch.empty(draft_probs.shape, dtype=draft_probs.dtype, pin_memory=True)
+            draft_probs = host.copy_(draft_probs, non_blocking=True)
+        self.draft_probs = draft_probs
+        super().__init__(request_ids, sample_rows, states, sampled, logits, slot)
+
+    def _collect(self) -> RunnerOutput:
+        output = super()._collect()
+        per_request: list[list[float]] = [[] for _ in self.request_ids]
+        for row, prob in zip(self.sample_rows, self.draft_probs.tolist()):
+            per_request[row].append(prob)
+        output.draft_probs = per_request
+        return output
+
+
+def verify_drafts(inputs: StepInputs, logits: torch.Tensor, spec_token_ids: dict[str, list[int]],
+                  requests: RequestTable, vocab_size: int, eos_token_ids: tuple[int, ...], device: torch.device,
+                  generator: torch.Generator, host_slots: HostSlots | None, return_logits: bool) -> VerifiedStep:
+    """Sample every position of the step and report each draft token's probability (see the module's doc)."""
+    sampled_ids = [inputs.request_ids[row] for row in inputs.sample_rows]
+    states = [requests[request_id] for request_id in sampled_ids]
+    draft_ids, offsets = _draft_columns(sampled_ids, spec_token_ids)
+    batch = build_sampling_batch(states, vocab_size, eos_token_ids, device, generator, token_table=requests.token_ids)
+    if batch.output_counts is not None or batch.seen_mask is not None:
+        _count_earlier_drafts(batch, sampled_ids, offsets, spec_token_ids, vocab_size, device)
+    result, draft_probs = sample_verified(logits, batch, to_device(np.asarray(draft_ids, dtype=np.int64), device))
+    slot = host_slots.take(result.token_ids.shape[0]) if host_slots is not None else None
+    return VerifiedStep(inputs.request_ids, inputs.sample_rows, states, result, draft_probs,
+                        logits if return_logits else None, slot)

@@ -1,0 +1,40 @@
+"""On a GPU: a batch-1 verify step replays the verify CUDA graph and gives the eager verify's tokens."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from infer_core import LLM, SamplingParams
+
+
+@pytest.mark.gpu
+def test_batch_one_verify_steps_replay_the_verify_graph(tiny_checkpoint):
+    pytest.importorskip("infer_attention_triton")
+    folder = str(tiny_checkpoint("qwen3"))
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, 30) for _ in range(n)] for n in (40, 90, 12)]
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+
+    def run(enforce_eager: bool, decoding: str):
+        llm = LLM(folder, attention="triton", enforce_eager=enforce_eager, decoding=decoding, max_model_len=512,
+                  max_num_seqs=8, gpu_memory_utilization=0.3)
+        replayed: list[int] = []
+        try:
+            graphs = llm.engine.executor.worker.runner.graphs
+            if graphs is not None:
+                replay = graphs.replay_verify
+                graphs.replay_verify = lambda size: replayed.append(size) or replay(size)
+            tokens = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]  # batch 1
+            return tokens, replayed, llm.engine.decoding.stats()
+        finally:
+            llm.shutdown()
+            torch.cuda.empty_cache()
+
+    eager, _, eager_stats = run(True, "ngram")
+    graphed, replayed, stats = run(False, "ngram")
+    assert graphed == eager
+    assert stats.num_drafts == eager_stats.num_drafts and len(replayed) == stats.num_drafts > 0
+    assert set(replayed) == {16}
