@@ -14,6 +14,7 @@ from types import FrameType
 
 import uvicorn
 
+from infer_core.engine.engine_state import EngineState
 from infer_core.server.app import create_app
 from infer_core.settings import EngineSettings
 
@@ -32,6 +33,19 @@ class _DrainingServer(uvicorn.Server):
     async def serve(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    def _log_started_message(self, listeners) -> None:
+        """Where the server listens, without uvicorn's "running on", which would claim a readiness the
+        model loading in the engine core has not reached yet: the "ready" line says that."""
+        host = self.config.host if ":" not in self.config.host else f"[{self.config.host}]"
+        port = self.config.port or listeners[0].getsockname()[1]
+        state = self.config.app.state.server
+        state.url = f"http://{host}:{port}"
+        if state.engine.state is EngineState.LOADING:
+            logger.info("listening on %s while the model loads: /health answers 503 until the 'ready' line "
+                        "(Ctrl+C to quit)", state.url)
+        else:
+            logger.info("listening on %s (Ctrl+C to quit)", state.url)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._draining or self._loop is None:
