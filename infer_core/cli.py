@@ -13,11 +13,12 @@ import types
 import typing
 from typing import Any
 
+from infer_core.cli_parser import SuggestingParser
 from infer_core.errors import InferError, PluginError
 from infer_core.plugin_settings import SettingsSection
 from infer_core.settings import EngineSettings
 
-_SERVER_ONLY = {"host", "port", "served_model_name", "max_queued_requests", "api_key", "max_request_bytes",
+SERVER_ONLY = {"host", "port", "served_model_name", "max_queued_requests", "api_key", "max_request_bytes",
                 "shutdown_timeout"}
 
 
@@ -38,7 +39,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser, include_server: bool
     """One ``--flag`` per setting (the core's, then each plugin section's); unset flags do not override the
     environment. A plugin's flags get one short line of help each (``infer config`` shows their values)."""
     group = parser.add_argument_group("engine settings (also INFER_<NAME> variables)")
-    names = [name for name in EngineSettings.model_fields if include_server or name not in _SERVER_ONLY]
+    names = [name for name in EngineSettings.model_fields if include_server or name not in SERVER_ONLY]
     for name in names:
         _add_flag(group, name, EngineSettings.model_fields[name], EngineSettings.model_fields[name].description)
     for section in sections:
@@ -178,7 +179,7 @@ def plugin_sections(argv: list[str]) -> tuple[SettingsSection, ...]:
 
 
 def build_parser(sections: tuple[SettingsSection, ...] = ()) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="infer", description="A plugin-based LLM inference engine.")
+    parser = SuggestingParser(prog="infer", description="A plugin-based LLM inference engine.")
     parser.add_argument("--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING)")
     sub = parser.add_subparsers(dest="command", required=True)
 

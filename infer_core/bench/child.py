@@ -84,7 +84,14 @@ def run_hf(spec: dict[str, Any]) -> dict[str, Any]:
                                         device)
 
 
-RUNNERS = {"infer": run_infer, "floor": run_floor, "hf-generate-batch": run_hf, "hf-generate-static": run_hf}
+def run_offline(spec: dict[str, Any]) -> dict[str, Any]:
+    from infer_core.bench import offline_row
+
+    return offline_row.run_offline(spec)
+
+
+RUNNERS = {"infer": run_infer, "floor": run_floor, "hf-generate-batch": run_hf, "hf-generate-static": run_hf,
+           "offline": run_offline}
 
 
 def main(argv: list[str]) -> int:

@@ -30,7 +30,7 @@ from infer_core.engine.core_messages import (
     RemoteRequest,
     decode_updates,
 )
-from infer_core.engine.engine_state import EngineSnapshot, EngineState
+from infer_core.engine.engine_state import EngineSnapshot, EngineState, unavailable_reason
 from infer_core.engine.input_processor import InputProcessor, completion_ids
 from infer_core.engine.output_processor import OutputProcessor
 from infer_core.engine.request_stream import RequestStream
@@ -113,13 +113,7 @@ class AsyncEngine:
         return len(self._pending)
 
     def unavailable_reason(self) -> str:
-        if self.state is EngineState.LOADING:
-            return "the model is still loading; retry shortly"
-        if self.state is EngineState.DRAINING:
-            return "the server is shutting down and accepts no new requests"
-        if self.state is EngineState.DEAD:
-            return f"the engine stopped after an error and must be restarted: {self.error}"
-        return "the engine is stopped"
+        return unavailable_reason(self.state, self.error)
 
     # requests ---------------------------------------------------------------------------------
 

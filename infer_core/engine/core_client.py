@@ -9,6 +9,7 @@ the process's sentinel reports its exit, after reading what it sent last (its ``
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import multiprocessing
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from infer_core.settings import EngineSettings
 logger = logging.getLogger(__name__)
 
 MAX_MESSAGES_PER_READ = 64  # then the event loop serves others before reading on
+EXIT_STOP_TIMEOUT_S = 10.0  # at interpreter exit, how long the core may take to stop before it is ended
 
 
 def _log_setup() -> tuple[int | None, str | None]:
@@ -67,6 +69,9 @@ class CoreClient:
         loop.add_reader(self._conn.fileno(), self._read)
         loop.add_reader(self.process.sentinel, self._exited)
         self._reading = True
+        # An exit that skips the server's shutdown (uvicorn cannot bind its port, say) must not leave
+        # multiprocessing's exit handler joining a core that waits for commands: stop it first.
+        atexit.register(self.stop, EXIT_STOP_TIMEOUT_S)
 
     def send(self, message: Any) -> None:
         """Queue a command for the core; never blocks."""
@@ -109,6 +114,7 @@ class CoreClient:
         """Ask the core to stop, wait up to ``timeout`` s, then end it; safe from any thread."""
         if self.process is None:
             return
+        atexit.unregister(self.stop)
         if self._outbox is not None:
             self._outbox.put(SHUTDOWN)
             self._outbox.close(timeout)

@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 # generation_config.json keys that become request defaults (as vLLM's --generation-config auto)
 _GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+TOKENIZER_THREADS = 4  # a short prompt waits only while this many long ones are being tokenized
 
 
 def served_model_name(settings: EngineSettings) -> str:
@@ -57,10 +58,11 @@ class ServerState:
     max_model_len: int = 0
     defaults: dict[str, Any] = field(default_factory=dict)
     spec: EngineSpec | None = None  # the assembled engine as the core reported it, for /v1/plugins
-    # one thread for tokenizing and chat templates: a 16 MiB prompt must not stall the event loop,
-    # and one tokenizer instance is not safe to use from several threads at once
-    tokenizer_thread: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="infer-tokenizer"))
+    # threads for tokenizing and chat templates, off the event loop: a prompt that takes seconds to
+    # tokenize holds one of them while the others serve the requests behind it. They share one
+    # tokenizer: encode, decode and chat templates only read it (no truncation or padding is set).
+    tokenizer_threads: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="infer-tokenizer"))
 
     def __post_init__(self) -> None:
         self.metrics = ServerMetrics(self.model_name, lambda: self.engine.snapshot,
@@ -69,8 +71,8 @@ class ServerState:
                                   on_ready=self._on_ready)
 
     async def tokenize(self, work: Callable[..., Any], *args: Any) -> Any:
-        """Run ``work(*args)`` (tokenizer calls) on the tokenizer thread."""
-        return await asyncio.get_running_loop().run_in_executor(self.tokenizer_thread, work, *args)
+        """Run ``work(*args)`` (tokenizer calls) on a tokenizer thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.tokenizer_threads, work, *args)
 
     def _on_started(self, engine: AsyncEngine) -> None:
         """The core assembled the engine (its weights load now): take what the handlers need."""

@@ -1,0 +1,107 @@
+"""One client's huge prompt does not hold anyone else: short requests and running streams keep their pace.
+
+The server's HTTP work (parsing, tokenizing, detokenizing, SSE) runs in its process while the step
+loop runs in the engine-core process, and a prompt that takes seconds to tokenize holds one
+tokenizer thread of several. Measured against a real ``infer serve`` (the default model): the same
+eight streams and the same short requests, first alone, then while a 15 MB prompt is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M-Instruct"
+NUM_STREAMS = 8
+WINDOW_S = 3.0  # how long each phase is measured
+HUGE_PROMPT_BYTES = 15_000_000  # under the default 16 MiB body limit
+
+
+def _short_body() -> dict:
+    return {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 2, "temperature": 0}
+
+
+async def _stream(client: httpx.AsyncClient, index: int, arrivals: list[float], started: asyncio.Event) -> None:
+    body = {"model": MODEL, "prompt": f"Story number {index}: once upon a time", "max_tokens": 4000,
+            "temperature": 0, "ignore_eos": True, "stream": True}
+    async with client.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200, await r.aread()
+        async for line in r.aiter_lines():
+            if line.startswith("data: {"):
+                arrivals.append(time.perf_counter())
+                started.set()
+
+
+async def _short_requests(client: httpx.AsyncClient, until: float) -> list[float]:
+    """Short requests one after another until ``until``; each one's latency."""
+    latencies = []
+    while time.perf_counter() < until or not latencies:
+        start = time.perf_counter()
+        r = await client.post("/v1/completions", json=_short_body())
+        assert r.status_code == 200, r.text
+        latencies.append(time.perf_counter() - start)
+    return latencies
+
+
+def _gaps(arrivals: list[list[float]], start: float, end: float) -> list[float]:
+    """Every stream's gaps between chunks that arrived in [start, end]."""
+    gaps = []
+    for times in arrivals:
+        inside = [t for t in times if start <= t <= end]
+        gaps += [b - a for a, b in zip(inside, inside[1:])]
+    return gaps
+
+
+async def _measure(base_url: str) -> dict:
+    huge = json.dumps({"model": MODEL, "prompt": "lorem ipsum " * (HUGE_PROMPT_BYTES // 12), "max_tokens": 1})
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=base_url, timeout=300, limits=limits) as client:
+        idle = await _short_requests(client, time.perf_counter() + 1.0)
+        arrivals: list[list[float]] = [[] for _ in range(NUM_STREAMS)]
+        started = [asyncio.Event() for _ in range(NUM_STREAMS)]
+        streams = [asyncio.ensure_future(_stream(client, i, arrivals[i], started[i])) for i in range(NUM_STREAMS)]
+        try:
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)
+            await asyncio.sleep(0.5)  # every stream past its first token
+            calm_start = time.perf_counter()
+            calm = await _short_requests(client, calm_start + WINDOW_S)
+            calm_end = time.perf_counter()
+            busy_start = time.perf_counter()
+            huge_reply = asyncio.ensure_future(client.post("/v1/completions", content=huge,
+                                                           headers={"content-type": "application/json"}))
+            busy = await _short_requests(client, busy_start + WINDOW_S)
+            busy_end = time.perf_counter()
+            huge_done_within_window = huge_reply.done()
+            reply = await huge_reply
+        finally:
+            for task in streams:
+                task.cancel()
+            await asyncio.gather(*streams, return_exceptions=True)
+    return {"idle": idle, "calm": calm, "busy": busy, "huge_status": reply.status_code,
+            "huge_done_within_window": huge_done_within_window,
+            "calm_gaps": _gaps(arrivals, calm_start, calm_end), "busy_gaps": _gaps(arrivals, busy_start, busy_end)}
+
+
+def test_a_huge_prompt_holds_neither_new_requests_nor_running_streams(server, record_property):
+    m = asyncio.run(_measure(server.base_url))
+    idle, calm, busy = (statistics.median(m[k]) for k in ("idle", "calm", "busy"))
+    calm_itl, busy_itl = statistics.mean(m["calm_gaps"]), statistics.mean(m["busy_gaps"])
+    figures = {"short_request_idle_ms": idle * 1e3, "short_request_8_streams_ms": calm * 1e3,
+               "short_request_8_streams_huge_prompt_ms": busy * 1e3, "itl_8_streams_ms": calm_itl * 1e3,
+               "itl_8_streams_huge_prompt_ms": busy_itl * 1e3, "huge_prompt_answered_within_window":
+               m["huge_done_within_window"]}
+    for name, value in figures.items():
+        record_property(name, value)
+    print(figures)
+    assert m["huge_status"] == 400  # more tokens than the context holds
+    assert len(m["busy_gaps"]) >= NUM_STREAMS * 5, "the streams stopped while the huge prompt was processed"
+    assert busy <= 2 * calm, f"short requests took {busy * 1e3:.0f} ms with the huge prompt, {calm * 1e3:.0f} without"
+    assert busy_itl <= 2 * calm_itl, (f"inter-token latency was {busy_itl * 1e3:.1f} ms with the huge prompt, "
+                                      f"{calm_itl * 1e3:.1f} ms without")
