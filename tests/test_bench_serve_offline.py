@@ -8,19 +8,22 @@ import sys
 
 import pytest
 
+from infer_core.testing import make_tiny_checkpoint, write_word_tokenizer
+
 pytestmark = pytest.mark.slow
 
 
 def _bench(*flags: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "infer_core.cli", "bench", "serve", *flags], capture_output=True,
-                          text=True, timeout=timeout, env=None)
+                          text=True, timeout=timeout)
 
 
-def test_one_command_gives_the_server_rows_and_the_offline_row(tiny_checkpoint, tmp_path):
+def test_one_command_gives_the_server_rows_and_the_offline_row(tmp_path):
+    model = write_word_tokenizer(make_tiny_checkpoint("llama", tmp_path / "model"))  # streams carry text
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": [3 + i, 40 + i, 7, 9, 11]}) + "\n" for i in range(6)))
     record_path = tmp_path / "serving.json"
-    done = _bench("--start-server", f"--model {tiny_checkpoint('llama')} --served-model-name tiny --device cpu",
+    done = _bench("--start-server", f"--model {model} --served-model-name tiny --device cpu",
                   "--prompts-file", str(prompts), "--num-prompts", "6", "--output-len", "8", "--concurrency", "1", "3",
                   "--offline-row", "--json", str(record_path), "--no-progress")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -28,13 +28,16 @@ def offline_spec(config: ServeBenchConfig, serve_flags: list[str], prompts: list
             "temperature": config.temperature, "ignore_eos": config.ignore_eos, "prompts_of": load_name}
 
 
-def run_offline(spec: dict[str, Any]) -> dict[str, Any]:
-    """In the child: load the engine, warm it up, then time one ``generate`` (or ``chat``) of every prompt."""
+def run_offline(spec: dict[str, Any], engine_settings: dict[str, Any]) -> dict[str, Any]:
+    """In the child: load the engine, warm it up, then time one ``generate`` (or ``chat``) of every prompt.
+
+    ``engine_settings``: those ``infer serve`` takes from ``spec["serve_flags"]`` (child.py parses them).
+    """
     from infer_core import LLM, SamplingParams
 
     params = SamplingParams(temperature=spec["temperature"], max_tokens=spec["output_len"],
                             ignore_eos=spec["ignore_eos"])
-    with LLM(**engine_settings(spec["serve_flags"])) as llm:
+    with LLM(**engine_settings) as llm:
         def complete(prompts: list[Prompt]):
             if spec["chat"]:
                 return llm.chat([[{"role": "user", "content": p}] for p in prompts], params, use_tqdm=False)
@@ -56,14 +59,6 @@ def run_offline(spec: dict[str, Any]) -> dict[str, Any]:
             "total_output_tokens": output_tokens}
 
 
-def engine_settings(serve_flags: list[str]) -> dict[str, Any]:
-    """The engine settings ``infer serve`` takes from these flags (INFER_* variables apply as for it)."""
-    from infer_core.cli import SERVER_ONLY, build_parser, plugin_sections, settings_kwargs
-
-    args = build_parser(plugin_sections(serve_flags)).parse_args(["serve", *serve_flags])
-    return {k: v for k, v in settings_kwargs(args).items() if k not in SERVER_ONLY}
-
-
 def format_offline(row: dict[str, Any], runs) -> str:
     """The offline row's block of the table, and each load point's share of it."""
     width = 20
@@ -75,7 +70,7 @@ def format_offline(row: dict[str, Any], runs) -> str:
              f"{'output throughput':<{width}}{row['output_tok_s']:.1f} tok/s",
              f"{'tokens out / in':<{width}}{row['total_output_tokens']} / {row['total_input_tokens']}"]
     for run in runs:
-        lines.append(f"{'server ' + run.load.name:<{width}}{fraction_of(run.output_tok_s, row):.1%} of offline")
+        lines.append(f"{'server':<{width}}{fraction_of(run.output_tok_s, row):.1%} of offline at {run.load.name}")
     return "\n".join(lines)
 
 

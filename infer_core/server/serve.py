@@ -2,7 +2,8 @@
 
 On SIGTERM (or the first Ctrl-C) the server stops taking requests (503, ``/health`` 503), lets
 running requests finish for up to ``shutdown_timeout`` seconds, aborts the rest (finish_reason
-"abort"), then exits 0. A second Ctrl-C exits at once.
+"abort"), then exits 0. A second Ctrl-C exits at once. A model that cannot be loaded is logged
+with its cause and the server exits 1: it could never answer.
 """
 
 from __future__ import annotations
@@ -29,10 +30,25 @@ class _DrainingServer(uvicorn.Server):
         self.settings = settings
         self._draining = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.load_failed = False
 
     async def serve(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
-        await super().serve(sockets)
+        watch = self._loop.create_task(self._exit_if_loading_fails())
+        try:
+            await super().serve(sockets)
+        finally:
+            watch.cancel()
+
+    async def _exit_if_loading_fails(self) -> None:
+        engine = self.config.app.state.server.engine
+        while engine.state is EngineState.LOADING:
+            await asyncio.sleep(0.2)
+        if engine.state is EngineState.DEAD:
+            logger.error("the model could not be loaded, so this server could never answer: stopping "
+                         "(the cause is logged above: %s)", engine.error)
+            self.load_failed = True
+            self.should_exit = True
 
     def _log_started_message(self, listeners) -> None:
         """Where the server listens, without uvicorn's "running on", which would claim a readiness the
@@ -74,4 +90,4 @@ def serve(settings: EngineSettings) -> int:
                             timeout_graceful_shutdown=max(5, int(settings.shutdown_timeout)), access_log=False)
     server = _DrainingServer(config, settings)
     server.run()
-    return 0 if server.started else 1
+    return 0 if server.started and not server.load_failed else 1

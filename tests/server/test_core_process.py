@@ -15,13 +15,14 @@ from infer_core.testing_server import ServerProcess
 
 pytestmark = pytest.mark.slow
 
-BODY = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 5000, "ignore_eos": True, "stream": True}
+BODY = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 1000, "ignore_eos": True, "stream": True,
+        "logprobs": 0}  # a model without a tokenizer streams no text: logprobs make a chunk per token
 
 
 @pytest.fixture(scope="module")
 def tiny_server(tiny_checkpoint, tmp_path_factory):
     proc = ServerProcess(tmp_path_factory.mktemp("core") / "serve.log", "--model", str(tiny_checkpoint("llama")),
-                         "--served-model-name", "tiny", "--max-model-len", "8192")
+                         "--served-model-name", "tiny")
     try:
         proc.wait_ready()
         yield proc
@@ -68,3 +69,15 @@ def test_a_killed_core_ends_streams_with_an_error_and_requests_get_503(tiny_serv
         health = http.get("/health")
         assert health.status_code == 503 and health.json()["status"] == "dead", health.text
     assert tiny_server.stop() == 0, tiny_server.log()
+
+
+def test_a_model_that_cannot_load_is_logged_and_the_server_exits_1(tiny_checkpoint, tmp_path):
+    proc = ServerProcess(tmp_path / "serve.log", "--model", str(tiny_checkpoint("llama")), "--max-model-len", "99999")
+    try:
+        code = proc.process.wait(timeout=240)
+    finally:
+        proc.stop()
+    log = proc.log_path.read_text()
+    assert code == 1, log
+    assert "exceeds the model's max_position_embeddings" in log and "could not be loaded" in log, log
+    assert "ready: model" not in log
