@@ -40,6 +40,7 @@ def create_app(settings: EngineSettings | None = None) -> Litestar:
         finally:
             await server.engine.drain(0)  # whatever still runs ends with "abort"
             await asyncio.to_thread(server.engine.shutdown)
+            server.tokenizer_pool.shutdown()
             logger.info("engine stopped")
 
     protected = Router("/", route_handlers=[chat_completions, completions, list_models, plugins, tokenize, detokenize],

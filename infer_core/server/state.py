@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from infer_core.loader import EngineSpec, load_catalog
 from infer_core.models.source import DEFAULT_MODEL_NAME
 from infer_core.server.errors import OpenAIError, bad_request
 from infer_core.server.metrics import ServerMetrics
+from infer_core.server.tokenizer_pool import TokenizerPool
 from infer_core.settings import EngineSettings
 
 logger = logging.getLogger(__name__)
@@ -58,11 +57,9 @@ class ServerState:
     max_model_len: int = 0
     defaults: dict[str, Any] = field(default_factory=dict)
     spec: EngineSpec | None = None  # the assembled engine as the core reported it, for /v1/plugins
-    # threads for tokenizing and chat templates, off the event loop: a prompt that takes seconds to
-    # tokenize holds one of them while the others serve the requests behind it. They share one
-    # tokenizer: encode, decode and chat templates only read it (no truncation or padding is set).
-    tokenizer_threads: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="infer-tokenizer"))
+    # threads for tokenizing and chat templates, off the event loop. They share one tokenizer:
+    # encode, decode and chat templates only read it (no truncation or padding is ever set).
+    tokenizer_pool: TokenizerPool = field(default_factory=lambda: TokenizerPool(TOKENIZER_THREADS))
 
     def __post_init__(self) -> None:
         self.metrics = ServerMetrics(self.model_name, lambda: self.engine.snapshot,
@@ -72,7 +69,7 @@ class ServerState:
 
     async def tokenize(self, work: Callable[..., Any], *args: Any) -> Any:
         """Run ``work(*args)`` (tokenizer calls) on a tokenizer thread."""
-        return await asyncio.get_running_loop().run_in_executor(self.tokenizer_threads, work, *args)
+        return await self.tokenizer_pool.run(work, *args)
 
     def _on_started(self, engine: AsyncEngine) -> None:
         """The core assembled the engine (its weights load now): take what the handlers need."""
