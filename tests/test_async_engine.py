@@ -47,20 +47,42 @@ async def _settled(engine: AsyncEngine) -> tuple[int, int, float]:
     return engine.num_unfinished, s.num_running + s.num_waiting, s.kv_usage
 
 
+CUDA_QUERIES = ("is_available", "device_count", "get_device_capability", "init", "current_device")
+
+
+class CudaQueries:
+    """Records every CUDA query made in this process while installed: the frontend's process must make none."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def install(self, patch: pytest.MonkeyPatch) -> None:
+        import torch
+
+        for name in CUDA_QUERIES:
+            patch.setattr(torch.cuda, name, lambda *args, _name=name, **kwargs: self.calls.append(_name))
+
+
 @pytest.fixture(scope="module")
 def served(tiny_checkpoint):
-    """One event loop and one started engine (the tiny llama) for the tests that leave it healthy."""
+    """One event loop and one started engine (the tiny llama) for the tests that leave it healthy.
+
+    It is started while every CUDA query of this process is recorded (the core owns the device).
+    """
     loop = asyncio.new_event_loop()
-    engine = loop.run_until_complete(_started(tiny_checkpoint("llama")))
+    queries = CudaQueries()
+    with pytest.MonkeyPatch.context() as patch:
+        queries.install(patch)
+        engine = loop.run_until_complete(_started(tiny_checkpoint("llama")))
     try:
-        yield loop, engine
+        yield loop, engine, queries.calls
     finally:
         engine.shutdown()
         loop.close()
 
 
 def test_concurrent_requests_match_the_offline_engine(served, tiny_checkpoint):
-    loop, engine = served
+    loop, engine, _ = served
     prompts = [[5, 6, 7], [9, 10, 11, 12, 13], [3] * 20]
     offline = Engine.from_settings(model=str(tiny_checkpoint("llama")), **SETTINGS)
     for i, p in enumerate(prompts):
@@ -80,7 +102,7 @@ def test_concurrent_requests_match_the_offline_engine(served, tiny_checkpoint):
 
 
 def test_n_completions_and_logprobs_cross_the_process_boundary(served):
-    loop, engine = served
+    loop, engine, _ = served
     params = SamplingParams(temperature=1.0, seed=3, n=3, max_tokens=9, ignore_eos=True, logprobs=2)
 
     async def run():
@@ -98,7 +120,7 @@ def test_n_completions_and_logprobs_cross_the_process_boundary(served):
 
 
 def test_abort_ends_the_stream_and_frees_the_blocks(served):
-    loop, engine = served
+    loop, engine, _ = served
 
     async def run():
         stream = await engine.add_request("long", [4, 5, 6], SamplingParams(max_tokens=500, ignore_eos=True))
@@ -112,7 +134,7 @@ def test_abort_ends_the_stream_and_frees_the_blocks(served):
 
 
 def test_a_refused_request_raises_to_its_caller_and_the_engine_lives(served):
-    loop, engine = served
+    loop, engine, _ = served
     max_model_len = engine.config.max_model_len
 
     async def run():
@@ -128,7 +150,7 @@ def test_a_refused_request_raises_to_its_caller_and_the_engine_lives(served):
 
 
 def test_a_cancelled_add_leaves_nothing_behind(served):
-    loop, engine = served
+    loop, engine, _ = served
 
     async def run():
         busy = await engine.add_request("busy", [4, 5], SamplingParams(max_tokens=200, ignore_eos=True))
@@ -211,21 +233,11 @@ def test_a_failed_step_in_the_core_fails_every_stream_and_marks_the_engine_dead(
     assert asyncio.run(asyncio.wait_for(run(), 300)) == (EngineState.DEAD, False)
 
 
-def test_the_frontend_process_never_asks_cuda(tiny_checkpoint, monkeypatch):
-    """The core owns the device: here, in the server's process, every CUDA query fails the test."""
-    import torch
-
-    def touched(*args, **kwargs):
-        raise AssertionError("the frontend's process asked CUDA")
-
-    for name in ("is_available", "device_count", "get_device_capability", "init", "current_device"):
-        monkeypatch.setattr(torch.cuda, name, touched)
-
-    async def run():
-        engine = await _started(tiny_checkpoint("qwen3"))
-        try:
-            return len(await _collect(await engine.add_request("x", [3, 4], GREEDY)))
-        finally:
-            await asyncio.to_thread(engine.shutdown)
-
-    assert asyncio.run(asyncio.wait_for(run(), 300)) == 12
+def test_the_frontend_process_never_asks_cuda(served, monkeypatch):
+    """The core owns the device: the server's process asks CUDA nothing, neither while the model loads
+    (the module's engine was started with every query recorded) nor while it streams."""
+    loop, engine, calls_while_starting = served
+    queries = CudaQueries()
+    queries.install(monkeypatch)
+    tokens = loop.run_until_complete(_collect(loop.run_until_complete(engine.add_request("x", [3, 4], GREEDY))))
+    assert (calls_while_starting, queries.calls, len(tokens)) == ([], [], 12)

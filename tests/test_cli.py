@@ -56,7 +56,7 @@ def test_interactive_chat_keeps_the_conversation():
 
 def test_help_has_every_setting_and_no_figures():
     """Every setting is a flag (the installed plugins' too, in groups of their own); no timings in the help."""
-    from infer_core.cli import _SERVER_ONLY
+    from infer_core.cli import SERVER_ONLY
     from infer_core.plugin_settings import declare_settings
 
     sections = declare_settings(None, EngineSettings.model_fields)
@@ -65,7 +65,7 @@ def test_help_has_every_setting_and_no_figures():
         assert result.returncode == 0, result.stderr
         out = result.stdout
         assert not re.search(r"\d\s*(ms|µs|us)\b", out), out
-        names = [n for n in EngineSettings.model_fields if server or n not in _SERVER_ONLY]
+        names = [n for n in EngineSettings.model_fields if server or n not in SERVER_ONLY]
         for name in names + [n for section in sections for n in section.names]:
             assert f"--{name.replace('_', '-')}" in out, name
         for section in sections:

@@ -8,6 +8,19 @@ import shlex
 
 from infer_core.bench.config import ENDPOINT_PATHS, ServeBenchConfig
 
+DESCRIPTION = """\
+Load-test an OpenAI-compatible server (infer, vLLM, SGLang): --num-prompts streaming requests at
+each --concurrency (or --request-rate) value; reports request and output token throughput, and the
+mean, p50, p90 and p99 of TTFT, TPOT, ITL and end-to-end latency, as a table and with --json.
+
+  infer bench serve --base-url http://127.0.0.1:8000 --concurrency 1 8 32
+  infer bench serve --start-server "--model M --load-format dummy" --concurrency 1 16 64 256 \\
+      --num-prompts 256 --offline-row --json serving.json
+
+--start-server runs `infer serve FLAGS` on a free port for the run and stops it after; --offline-row
+then runs the offline engine (LLM) with the same flags, alone on the device, on the last load
+point's prompts, and gives every server row its fraction of the offline output tok/s."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every flag of ``infer bench serve``."""

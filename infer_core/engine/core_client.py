@@ -1,6 +1,6 @@
 """CoreClient: the engine-core process as the server's event loop sees it.
 
-It starts the process (spawn), writes commands through an ``Outbox`` thread, and reads the core's
+It starts the process, writes commands through an ``Outbox`` thread, and reads the core's
 messages on the event loop: a reader callback on the connection takes whatever has arrived (the
 core writes each message whole, so a read never waits for the rest of one), and a second one on
 the process's sentinel reports its exit, after reading what it sent last (its ``CoreFailed``).
@@ -22,6 +22,12 @@ from infer_core.settings import EngineSettings
 
 logger = logging.getLogger(__name__)
 
+# How the core's process starts: never fork this process (threads run here, and a forked CUDA
+# context is unusable), but a fresh interpreter forked from multiprocessing's fork server, which has
+# already imported the core's modules: a process that starts several cores (tests, benchmarks)
+# pays for importing torch once, not per core. Spawn where there is no fork server (Windows).
+CORE_MODULE = "infer_core.engine.core_process"
+START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 MAX_MESSAGES_PER_READ = 64  # then the event loop serves others before reading on
 EXIT_STOP_TIMEOUT_S = 10.0  # at interpreter exit, how long the core may take to stop before it is ended
 
@@ -56,7 +62,9 @@ class CoreClient:
         return self.process is not None and self.process.is_alive()
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        context = multiprocessing.get_context("spawn")
+        context = multiprocessing.get_context(START_METHOD)
+        if START_METHOD == "forkserver":
+            context.set_forkserver_preload([CORE_MODULE])
         self._conn, child_conn = context.Pipe(duplex=True)
         # not a daemon: a tensor-parallel core starts worker processes of its own
         self.process = context.Process(target=run_engine_core, name="infer-engine-core",

@@ -1,7 +1,9 @@
 """The engine-core process: ``EngineCore`` busy-looping on its own, fed and read over one connection.
 
-Started by ``CoreClient`` with the spawn method (a forked CUDA context is unusable, and the server's
-process never initialises CUDA: this process owns the device). It assembles the engine, sends the
+Started by ``CoreClient`` as a fresh interpreter (forked from multiprocessing's fork server, which
+has imported this module; spawned where there is none), never as a fork of the server's process:
+a forked CUDA context is unusable, and the server's process never initialises CUDA, as this
+process owns the device. It assembles the engine, sends the
 configuration and the tokenizer (``CoreStarted``) so the server can prepare while the weights load,
 builds the core, says ``CoreReady``, then loops:
 
