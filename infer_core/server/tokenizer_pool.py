@@ -1,9 +1,10 @@
 """TokenizerPool: threads that tokenize and render chat templates off the event loop.
 
 A prompt that takes seconds to tokenize holds one thread while the others serve the requests
-behind it (the tokenizer's Rust code lets go of the GIL while it works). On Linux each thread
-lowers its own CPU priority (``NICE_INCREMENT``): where the model runs on the same CPU cores, a
-long tokenization then takes what the engine core's steps leave, not half of the cores. The
+behind it (the tokenizer's Rust code lets go of the GIL while it works). The threads keep the
+process's priority: a prompt too long for the context is refused by its length before it gets
+here (server/prompt_bound.py), and a lowered priority would make every short prompt and chat
+template wait on whatever else the machine runs. The
 threads are daemons: a shutdown does not wait for a tokenization that no client will read
 (concurrent.futures' pool would hold the process's exit until it ends). A job whose caller has
 gone (cancelled) is skipped.
@@ -12,7 +13,6 @@ gone (cancelled) is skipped.
 from __future__ import annotations
 
 import asyncio
-import os
 import queue
 import threading
 from collections.abc import Callable
@@ -21,7 +21,6 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 _STOP = object()
-NICE_INCREMENT = 10  # added to a tokenizer thread's nice value (the kernel caps it at 19)
 
 
 class TokenizerPool:
@@ -40,7 +39,6 @@ class TokenizerPool:
         return await future
 
     def _work(self) -> None:
-        _lower_priority()
         while True:
             job = self._jobs.get()
             if job is _STOP:
@@ -59,15 +57,6 @@ class TokenizerPool:
         """Let the threads end after their current job (no wait)."""
         for _ in self._threads:
             self._jobs.put(_STOP)
-
-
-def _lower_priority() -> None:
-    """This thread's nice value up by NICE_INCREMENT (Linux: per thread; elsewhere, or refused, left alone)."""
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + NICE_INCREMENT))
-    except (AttributeError, OSError):
-        pass
 
 
 def _settle(loop: asyncio.AbstractEventLoop, future: asyncio.Future, result: Any, error: BaseException | None) -> None:
