@@ -1,9 +1,13 @@
 """CoreClient: the engine-core process as the server's event loop sees it.
 
 It starts the process, writes commands through an ``Outbox`` thread, and reads the core's
-messages on the event loop: a reader callback on the connection takes whatever has arrived (the
-core writes each message whole, so a read never waits for the rest of one), and a second one on
-the process's sentinel reports its exit, after reading what it sent last (its ``CoreFailed``).
+messages on a reader thread of its own, which hands each batch of what has arrived to the event
+loop (``call_soon_threadsafe``). The connection's file descriptor is never given to the event loop:
+an event loop built on libuv (uvloop) puts a descriptor it watches in non-blocking mode, and a
+message larger than the socket's buffer (``CoreStarted`` carries the pickled tokenizer) would then
+be cut short mid-read on this side, and the ``Outbox``'s writes fail the same way. The reader's end
+of file is the core's exit: the thread then waits briefly for the process and reports its exit code
+through the loop, after every message the core sent before it went.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import asyncio
 import atexit
 import logging
 import multiprocessing
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +33,8 @@ logger = logging.getLogger(__name__)
 # pays for importing torch once, not per core. Spawn where there is no fork server (Windows).
 CORE_MODULE = "infer_core.engine.core_process"
 START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-MAX_MESSAGES_PER_READ = 64  # then the event loop serves others before reading on
+MAX_MESSAGES_PER_BATCH = 64  # handed to the event loop in one callback, so it serves others between batches
+EXIT_JOIN_S = 5.0  # after the core closed its end, how long its process may take to end before its exit is reported
 EXIT_STOP_TIMEOUT_S = 10.0  # at interpreter exit, how long the core may take to stop before it is ended
 
 
@@ -50,8 +56,7 @@ class CoreClient:
         self.process: multiprocessing.process.BaseProcess | None = None
         self._conn = None
         self._outbox: Outbox | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._reading = False
+        self._reader: threading.Thread | None = None
 
     @property
     def pid(self) -> int | None:
@@ -73,10 +78,9 @@ class CoreClient:
         child_conn.close()  # the core's end lives in the core: its exit is then an end of file here
         logger.info("engine core process %d started", self.process.pid)
         self._outbox = Outbox(self._conn, "infer-frontend-outbox")
-        self._loop = loop
-        loop.add_reader(self._conn.fileno(), self._read)
-        loop.add_reader(self.process.sentinel, self._exited)
-        self._reading = True
+        self._reader = threading.Thread(target=self._read, args=(loop,), name="infer-frontend-reader",
+                                        daemon=True)
+        self._reader.start()
         # An exit that skips the server's shutdown (uvicorn cannot bind its port, say) must not leave
         # multiprocessing's exit handler joining a core that waits for commands: stop it first.
         atexit.register(self.stop, EXIT_STOP_TIMEOUT_S)
@@ -86,37 +90,29 @@ class CoreClient:
         if self._outbox is not None:
             self._outbox.put(message)
 
-    def _read(self) -> None:
+    def _read(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The reader thread: blocking reads until the core's end closes, then its exit code."""
         conn = self._conn
-        for _ in range(MAX_MESSAGES_PER_READ):
+        ended = False
+        while not ended:
+            batch: list[Any] = []
             try:
-                if not conn.poll():
-                    return
-                message = conn.recv()
-            except (EOFError, OSError):
-                self._stop_reading()  # the core closed its end; its exit follows (the sentinel)
+                batch.append(conn.recv())
+                while len(batch) < MAX_MESSAGES_PER_BATCH and conn.poll():
+                    batch.append(conn.recv())
+            except (EOFError, OSError):  # the core closed its end: it is exiting
+                ended = True
+            except Exception:  # read whole but not unpickled here: dropped, the next one is intact
+                logger.exception("a message from the engine core could not be unpickled")
+            if batch and not _call_soon(loop, self._deliver, batch):
                 return
-            self._on_message(message)
+        self.process.join(EXIT_JOIN_S)
+        _call_soon(loop, self._on_exit, self.process.exitcode)
 
-    def _exited(self) -> None:
-        while self._reading:  # what it sent before it went
-            try:
-                if not self._conn.poll():
-                    break
-                message = self._conn.recv()
-            except (EOFError, OSError):
-                break
-            self._on_message(message)
-        self._stop_reading()
-        if self._loop is not None:
-            self._loop.remove_reader(self.process.sentinel)
-        self.process.join(1)
-        self._on_exit(self.process.exitcode)
-
-    def _stop_reading(self) -> None:
-        if self._reading and self._loop is not None:
-            self._reading = False
-            self._loop.remove_reader(self._conn.fileno())
+    def _deliver(self, batch: list[Any]) -> None:
+        on_message = self._on_message
+        for message in batch:
+            on_message(message)
 
     def stop(self, timeout: float) -> None:
         """Ask the core to stop, wait up to ``timeout`` s, then end it; safe from any thread."""
@@ -134,3 +130,12 @@ class CoreClient:
             if self.process.is_alive():
                 self.process.kill()
                 self.process.join(5)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> bool:
+    """Run ``callback(*args)`` on ``loop`` from another thread; False once the loop is closed."""
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:  # the loop closed (the server ended without stopping its core first)
+        return False
+    return True
