@@ -33,6 +33,7 @@ from infer_core.engine.core_messages import (
 from infer_core.engine.engine_state import EngineSnapshot, EngineState, unavailable_reason
 from infer_core.engine.input_processor import InputProcessor, completion_ids
 from infer_core.engine.output_processor import OutputProcessor
+from infer_core.engine.parallel_metrics_relay import ParallelMetricsCopy
 from infer_core.engine.request_stream import RequestStream
 from infer_core.errors import EngineDeadError, RequestError
 from infer_core.interfaces import ParallelMetric, RequestStatus
@@ -77,10 +78,8 @@ class AsyncEngine:
         self.state = EngineState.LOADING
         self.error: str | None = None
         self.snapshot = EngineSnapshot()
-        self._parallel: list[ParallelMetric] = []  # the executor's series, as the core last sent them
+        self._parallel: list[ParallelMetric] = []  # the executor's series (EP's load) as the core last sent them
         self.loaded = threading.Event()  # set when loading ended, either way
-
-    # lifecycle --------------------------------------------------------------------------------
 
     @property
     def core_pid(self) -> int | None:
@@ -114,8 +113,6 @@ class AsyncEngine:
 
     def unavailable_reason(self) -> str:
         return unavailable_reason(self.state, self.error)
-
-    # requests ---------------------------------------------------------------------------------
 
     async def add_request(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams,
                           add_special_tokens: bool = True) -> RequestStream:
@@ -199,8 +196,6 @@ class AsyncEngine:
             logger.warning("%d requests did not end within %.0f s of being aborted", self.num_unfinished, abort_wait)
         return len(aborted)
 
-    # what the core says -------------------------------------------------------------------------
-
     def _on_message(self, message) -> None:
         self._last_heard = time.monotonic()
         if isinstance(message, CoreStep):
@@ -218,6 +213,8 @@ class AsyncEngine:
             self.loaded.set()
             if self._on_ready is not None:
                 self._on_ready(self)
+        elif isinstance(message, ParallelMetricsCopy):
+            self._parallel = message.metrics
         elif isinstance(message, CoreFailed):
             logger.error("the engine core failed: %s", message.reason)
             self._die(message.reason)
@@ -267,7 +264,6 @@ class AsyncEngine:
             self._release_gc()
 
     def parallel_metrics(self) -> list[ParallelMetric]:
-        """The parallel strategy's series (expert parallelism's load) as the core last sent them."""
         return self._parallel
 
     def _on_exit(self, exitcode: int | None) -> None:
