@@ -6,7 +6,8 @@ tokenizer thread of several. Measured against a real ``infer serve`` (the defaul
 eight streams and the same short requests, first alone, then while a 15 MB prompt is sent.
 
 The 15 MB prompt is refused by its length before it is tokenized: its 400 comes in under a second.
-The server is this module's own, so no other test's requests share the measured windows.
+The server is the session's (conftest's ``server``): a test process runs one test at a time, so no
+other test's requests share the measured windows, and the module starts no server of its own.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ import time
 import httpx
 import pytest
 
-from infer_core.testing_server import ServerProcess
-
 pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -30,16 +29,6 @@ WINDOW_S = 3.0  # how long each phase is measured, at least
 MIN_GAPS = 5  # inter-token gaps per stream in the first phase, at least
 HUGE_PROMPT_BYTES = 15_000_000  # under the default 16 MiB body limit
 HUGE_ANSWER_S = 1.0  # the acceptance's bound for the 15 MB prompt's 400
-
-
-@pytest.fixture(scope="module")
-def own_server(tmp_path_factory):
-    proc = ServerProcess(tmp_path_factory.mktemp("busy") / "serve.log")
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        proc.stop()
 
 
 def _short_body() -> dict:
@@ -116,8 +105,8 @@ async def _measure(base_url: str) -> dict:
             "calm_gaps": _gaps(arrivals, calm_start, calm_end), "busy_gaps": _gaps(arrivals, busy_start, busy_end)}
 
 
-def test_a_huge_prompt_holds_neither_new_requests_nor_running_streams(own_server, record_property):
-    m = asyncio.run(_measure(own_server.base_url))
+def test_a_huge_prompt_holds_neither_new_requests_nor_running_streams(server, record_property):
+    m = asyncio.run(_measure(server.base_url))
     idle, calm, busy = (statistics.median(m[k]) for k in ("idle", "calm", "busy"))
     calm_itl, busy_itl = statistics.mean(m["calm_gaps"]), statistics.mean(m["busy_gaps"])
     figures = {"short_request_idle_ms": idle * 1e3, "short_request_8_streams_ms": calm * 1e3,
