@@ -33,7 +33,7 @@ from infer_core.engine.core_messages import (
 from infer_core.engine.engine_state import EngineSnapshot, EngineState, unavailable_reason
 from infer_core.engine.input_processor import InputProcessor, completion_ids
 from infer_core.engine.output_processor import OutputProcessor
-from infer_core.engine.parallel_metrics_relay import ParallelMetricsCopy
+from infer_core.engine.core_stats_relay import NO_CORE_STATS, CoreStatsCopy, engine_snapshot, with_stats
 from infer_core.engine.request_stream import RequestStream
 from infer_core.errors import EngineDeadError, RequestError
 from infer_core.interfaces import ParallelMetric, RequestStatus
@@ -78,7 +78,7 @@ class AsyncEngine:
         self.state = EngineState.LOADING
         self.error: str | None = None
         self.snapshot = EngineSnapshot()
-        self._parallel: list[ParallelMetric] = []  # the executor's series (EP's load) as the core last sent them
+        self._stats = NO_CORE_STATS  # the parallel series (EP's load) and spec-decoding counters last sent
         self.loaded = threading.Event()  # set when loading ended, either way
 
     @property
@@ -213,17 +213,15 @@ class AsyncEngine:
             self.loaded.set()
             if self._on_ready is not None:
                 self._on_ready(self)
-        elif isinstance(message, ParallelMetricsCopy):
-            self._parallel = message.metrics
+        elif isinstance(message, CoreStatsCopy):
+            self._stats = message
+            self.snapshot = with_stats(self.snapshot, message)
         elif isinstance(message, CoreFailed):
             logger.error("the engine core failed: %s", message.reason)
             self._die(message.reason)
 
     def _on_step(self, step: CoreStep) -> None:
-        c = step.counters
-        self.snapshot = EngineSnapshot(c.num_running, c.num_waiting, c.kv_usage, c.num_preemptions,
-                                       c.prefix_queried_tokens, c.prefix_hit_tokens, c.prompt_tokens,
-                                       c.generation_tokens, dict(self._finished))
+        self.snapshot = engine_snapshot(step.counters, self._finished, self._stats)
         for request_id in step.admitted:
             ack = self._pending.get(request_id)
             if ack is not None and not ack.done():
@@ -264,7 +262,7 @@ class AsyncEngine:
             self._release_gc()
 
     def parallel_metrics(self) -> list[ParallelMetric]:
-        return self._parallel
+        return self._stats.parallel
 
     def _on_exit(self, exitcode: int | None) -> None:
         if self.state is EngineState.STOPPED or self.state is EngineState.DEAD:

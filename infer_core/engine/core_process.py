@@ -42,7 +42,7 @@ from infer_core.engine.core_messages import (
 )
 from infer_core.engine.engine import load_engine_tokenizer, tokenizer_eos
 from infer_core.engine.outbox import Outbox
-from infer_core.engine.parallel_metrics_relay import ParallelMetricsRelay
+from infer_core.engine.core_stats_relay import CoreStatsRelay
 from infer_core.errors import RequestError
 from infer_core.loader import assemble
 from infer_core.settings import EngineSettings
@@ -106,7 +106,7 @@ class CoreLoop:
         self.admitted: list[str] = []
         self.refused: list[tuple[str, str, str | None, str | None]] = []
         self.changed = False  # requests were added or ended since the last message
-        self.parallel_metrics = ParallelMetricsRelay(core.executor, outbox)
+        self.stats = CoreStatsRelay(core.executor, core.decoding, outbox)
 
     def run(self) -> None:
         core = self.core
@@ -119,7 +119,7 @@ class CoreLoop:
             core.executor.check_health()
             if core.has_unfinished_requests():
                 self._send(*encode_updates(core.step()))
-            self.parallel_metrics.poll()
+            self.stats.poll()
 
     def _take_commands(self, block: bool) -> bool:
         """Apply every command waiting (when idle, wait a little for the first); False: stop."""
