@@ -13,11 +13,24 @@ import types
 import typing
 from typing import Any
 
+from infer_core.cli_parser import SuggestingParser
 from infer_core.errors import InferError, PluginError
 from infer_core.plugin_settings import SettingsSection
 from infer_core.settings import EngineSettings
 
-_SERVER_ONLY = {"host", "port", "served_model_name", "max_queued_requests", "api_key", "max_request_bytes",
+SERVE_DESCRIPTION = """\
+Serve the model over an OpenAI-compatible HTTP API: POST /v1/chat/completions, /v1/completions,
+/tokenize, /detokenize; GET /v1/models, /health, /metrics, /v1/plugins; the schema at /openapi.json.
+
+The server listens at once and loads the model in the engine-core process, a process of its own
+that runs the step loop and owns the device; this process parses, tokenizes, detokenizes and
+streams, so no request holds a step. /health answers 503 while the model loads and 200 after one
+line:  ready: model NAME (served as 'NAME') on DEVICE at http://HOST:PORT
+If the engine core dies, every stream ends with an error event, every later request is a 503 and
+/health says "dead": restart the server. SIGTERM or Ctrl-C stops new requests, lets running ones
+finish (--shutdown-timeout) and exits 0. More: docs/serving.md."""
+
+SERVER_ONLY = {"host", "port", "served_model_name", "max_queued_requests", "api_key", "max_request_bytes",
                 "shutdown_timeout"}
 
 
@@ -38,7 +51,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser, include_server: bool
     """One ``--flag`` per setting (the core's, then each plugin section's); unset flags do not override the
     environment. A plugin's flags get one short line of help each (``infer config`` shows their values)."""
     group = parser.add_argument_group("engine settings (also INFER_<NAME> variables)")
-    names = [name for name in EngineSettings.model_fields if include_server or name not in _SERVER_ONLY]
+    names = [name for name in EngineSettings.model_fields if include_server or name not in SERVER_ONLY]
     for name in names:
         _add_flag(group, name, EngineSettings.model_fields[name], EngineSettings.model_fields[name].description)
     for section in sections:
@@ -178,11 +191,12 @@ def plugin_sections(argv: list[str]) -> tuple[SettingsSection, ...]:
 
 
 def build_parser(sections: tuple[SettingsSection, ...] = ()) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="infer", description="A plugin-based LLM inference engine.")
+    parser = SuggestingParser(prog="infer", description="A plugin-based LLM inference engine.")
     parser.add_argument("--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
+    p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API",
+                       description=SERVE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_settings_arguments(p, include_server=True, sections=sections)
     p.set_defaults(handler=cmd_serve)
 
@@ -208,9 +222,11 @@ def build_parser(sections: tuple[SettingsSection, ...] = ()) -> argparse.Argumen
 
     p = sub.add_parser("bench", help="benchmarks")
     bench = p.add_subparsers(dest="bench", required=True)
-    b = bench.add_parser("serve", help="load-test any OpenAI-compatible endpoint (TTFT, TPOT, ITL, throughput)")
-    from infer_core.bench.serve import add_arguments as add_bench_serve_arguments
+    from infer_core.bench.serve_flags import DESCRIPTION as BENCH_SERVE_DESCRIPTION
+    from infer_core.bench.serve_flags import add_arguments as add_bench_serve_arguments
 
+    b = bench.add_parser("serve", help="load-test any OpenAI-compatible endpoint (TTFT, TPOT, ITL, throughput)",
+                         description=BENCH_SERVE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_bench_serve_arguments(b)
     b.set_defaults(handler=cmd_bench_serve)
     b = bench.add_parser("throughput", help="offline throughput (the nano-vllm workload): infer, peers and the floor")

@@ -75,6 +75,19 @@ def make_tiny_checkpoint(kind: str, folder: str | Path, seed: int = 0, **overrid
     return folder
 
 
+def write_word_tokenizer(folder: str | Path, vocab_size: int = 384) -> Path:
+    """A tokenizer of ``vocab_size`` words ``w0 w1 ...`` in ``folder`` (beside a tiny checkpoint, so every
+    token it generates has text): id N is the word ``wN``; text is split on whitespace, an unknown word is
+    ``w0``. It has no end token and no chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab_size)}, unk_token="w0"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=backend).save_pretrained(str(folder))
+    return Path(folder)
+
+
 class _RecordedOutput(PendingOutput):
     """A step's pending output that hands its logits to a LogitsRecorder when first read."""
 

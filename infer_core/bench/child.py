@@ -84,7 +84,19 @@ def run_hf(spec: dict[str, Any]) -> dict[str, Any]:
                                         device)
 
 
-RUNNERS = {"infer": run_infer, "floor": run_floor, "hf-generate-batch": run_hf, "hf-generate-static": run_hf}
+def run_offline(spec: dict[str, Any]) -> dict[str, Any]:
+    """``infer bench serve --offline-row``: LLM with the engine settings ``infer serve`` takes from the same flags."""
+    from infer_core.bench import offline_row
+    from infer_core.cli import SERVER_ONLY, build_parser, plugin_sections, settings_kwargs
+
+    flags = spec["serve_flags"]
+    args = build_parser(plugin_sections(flags)).parse_args(["serve", *flags])
+    settings = {k: v for k, v in settings_kwargs(args).items() if k not in SERVER_ONLY}
+    return offline_row.run_offline(spec, settings)
+
+
+RUNNERS = {"infer": run_infer, "floor": run_floor, "hf-generate-batch": run_hf, "hf-generate-static": run_hf,
+           "offline": run_offline}
 
 
 def main(argv: list[str]) -> int:

@@ -46,6 +46,8 @@ class ServeBenchConfig:
     wait_ready_s: float = 0.0
     label: str | None = None
     show_progress: bool = True
+    server_flags: list[str] | None = None  # start `infer serve` with these (base_url is then its own)
+    offline_row: bool = False  # then the offline engine on the last load point's prompts
 
     def load_points(self) -> list[LoadPoint]:
         if self.concurrency and self.request_rate:
@@ -73,7 +75,13 @@ class ServeBenchConfig:
             raise BenchmarkError(
                 "every --request-rate value must be > 0 (inf = all at once)"
             )
-        if not self.base_url.startswith(("http://", "https://")):
+        if self.offline_row and self.server_flags is None:
+            raise BenchmarkError(
+                "--offline-row runs the offline engine with the server's engine settings, on the device the "
+                "server holds while it runs: let this command start and stop the server, with "
+                '--start-server "<infer serve flags>" instead of --base-url'
+            )
+        if self.server_flags is None and not self.base_url.startswith(("http://", "https://")):
             raise BenchmarkError(
                 f"--base-url must start with http:// or https://, got {self.base_url!r}"
             )

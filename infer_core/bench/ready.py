@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from infer_core.bench.stream import error_message
@@ -26,13 +27,20 @@ class NotReadyError(RuntimeError):
 
 
 async def wait_until_ready(
-    client: httpx.AsyncClient, base: str, headers: dict[str, str], timeout_s: float
+    client: httpx.AsyncClient,
+    base: str,
+    headers: dict[str, str],
+    timeout_s: float,
+    check_alive: Callable[[], None] | None = None,
 ) -> None:
-    """Poll ``base`` until it is ready or ``timeout_s`` has passed."""
+    """Poll ``base`` until it is ready or ``timeout_s`` has passed; ``check_alive`` (a server this
+    process started) raises when the server is gone, so a failed start is reported at once."""
     deadline = time.monotonic() + timeout_s
     last = "no answer yet"
     logged = False
     while True:
+        if check_alive is not None:
+            check_alive()
         last = await _not_ready_reason(client, base, headers)
         if last is None:
             return

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from infer_core.bench.offline_row import fraction_of, format_offline
 from infer_core.bench.results import LoadPointResult
 
 if TYPE_CHECKING:
@@ -33,7 +34,8 @@ class RecordFileError(ValueError):
 
 def format_table(result: ServeBenchResult) -> str:
     header = f"{result.label or result.model} at {result.base_url} ({result.endpoint})"
-    return "\n\n".join([header, *(_format_run(run) for run in result.runs)])
+    offline = [format_offline(result.offline, result.runs)] if result.offline is not None else []
+    return "\n\n".join([header, *(_format_run(run) for run in result.runs), *offline])
 
 
 def _format_run(run: LoadPointResult) -> str:
@@ -74,7 +76,11 @@ def build_record(result: ServeBenchResult) -> dict[str, Any]:
         row = run.as_row(system)
         row["model"] = result.model
         row["url"] = result.base_url
+        if result.offline is not None and "error" not in result.offline:
+            row["fraction_of_offline"] = float(f"{fraction_of(run.output_tok_s, result.offline):.4g}")
         rows.append(row)
+    if result.offline is not None:
+        rows.append(dict(result.offline))
     return {
         "benchmark": BENCHMARK,
         "device": device,

@@ -4,7 +4,12 @@ Streams ``--num-prompts`` requests to ``<base>/v1/completions`` (or chat) at eac
 (``--concurrency`` values, or Poisson ``--request-rate`` values) and reports request throughput,
 output tok/s and mean/p50/p90/p99 of TTFT, TPOT, ITL and E2E, as a table and as JSON. Because it
 only speaks the OpenAI API, infer and its peers (vLLM, SGLang) are measured by the same client.
-Its flags, and the ``ServeBenchConfig`` they make, are in ``serve_flags``.
+Its flags, and the ``ServeBenchConfig`` they make, are in ``serve_flags``. With
+``--start-server FLAGS`` it starts ``infer serve FLAGS`` itself (``launch``) and stops it after the
+run; ``--offline-row`` then adds the offline engine on the same prompts as a row (``offline_row``):
+
+    infer bench serve --start-server "--model M --load-format dummy" --concurrency 1 16 64 256 \
+        --num-prompts 256 --offline-row --json serving.json
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import argparse
 import asyncio
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +32,17 @@ from infer_core.bench.config import (
     normalize_base_url,
     workload_settings,
 )
+from infer_core.bench.launch import LaunchedServer
 from infer_core.bench.load import arrival_rng, run_load
+from infer_core.bench.offline_row import TIMEOUT_S as OFFLINE_TIMEOUT_S
+from infer_core.bench.offline_row import offline_spec
 from infer_core.bench.prompts import read_prompts_file
 from infer_core.bench.ready import NotReadyError, wait_until_ready
 from infer_core.bench.report import check_appendable, format_table, write_record
 from infer_core.bench.results import LoadPointResult, summarize_run
 from infer_core.bench.serve_flags import add_arguments, config_from_args
 from infer_core.bench.stream import auth_headers, list_models, send_streaming_request
+from infer_core.bench.systems import run_system
 from infer_core.errors import InferError
 
 __all__ = [
@@ -56,10 +65,45 @@ class ServeBenchResult:
     label: str | None
     settings: dict[str, Any]
     runs: list[LoadPointResult]
+    offline: dict[str, Any] | None = None  # the offline engine's row (--offline-row)
 
 
-async def benchmark(config: ServeBenchConfig) -> ServeBenchResult:
-    """Warm up, then run ``num_prompts`` requests at each load point; the library entry point."""
+START_TIMEOUT_S = 1800.0  # how long a server this command started may take to load its model
+
+
+def measure(config: ServeBenchConfig) -> ServeBenchResult:
+    """The benchmark; with ``server_flags``, around a server started for it, then the offline row if asked."""
+    config.check()
+    if config.server_flags is None:
+        return asyncio.run(benchmark(config))
+    server = LaunchedServer(config.server_flags)
+    server.start()
+    try:
+        launched = replace(config, base_url=server.base_url, wait_ready_s=max(config.wait_ready_s, START_TIMEOUT_S))
+        result = asyncio.run(benchmark(launched, server.check_running))
+    finally:
+        code = server.stop()
+        server.wait_gone()  # its engine core too: the device is free for the offline engine
+    print(f"the server stopped (exit code {code})", flush=True)
+    if config.offline_row:
+        result.offline = _offline_row(config, len(result.runs) - 1, result.runs[-1].load.name)
+    return result
+
+
+def _offline_row(config: ServeBenchConfig, last: int, load_name: str) -> dict[str, Any]:
+    pool = read_prompts_file(config.prompts_file) if config.prompts_file else None
+    spec = offline_spec(config, config.server_flags or [], make_prompts(config, config.num_prompts, str(last), pool),
+                        make_prompts(config, config.warmup, "warmup", pool), load_name)
+    print(f"--- offline engine on the prompts of {load_name} ---", flush=True)
+    row, _ = run_system(spec, OFFLINE_TIMEOUT_S)
+    return row
+
+
+async def benchmark(config: ServeBenchConfig, check_alive=None) -> ServeBenchResult:
+    """Warm up, then run ``num_prompts`` requests at each load point; the library entry point.
+
+    ``check_alive``: raises when a server this process started has exited (see ``measure``).
+    """
     config.check()
     httpx = _import_httpx()
     from tqdm.auto import tqdm
@@ -78,7 +122,7 @@ async def benchmark(config: ServeBenchConfig) -> ServeBenchResult:
     ) as client:
         if config.wait_ready_s > 0:
             try:
-                await wait_until_ready(client, base, headers, config.wait_ready_s)
+                await wait_until_ready(client, base, headers, config.wait_ready_s, check_alive)
             except NotReadyError as e:
                 raise BenchmarkError(f"{e}; check --base-url or wait longer") from e
         model = config.model or await _first_model(client, base, headers)
@@ -160,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
     config.check()
     if args.json and args.append:  # before the run, so a mismatch costs no measurement
         check_appendable(Path(args.json), workload_settings(config))
-    result = asyncio.run(benchmark(config))
+    result = measure(config)
     print(format_table(result))
     if args.json:
         path = write_record(result, Path(args.json), append=args.append)

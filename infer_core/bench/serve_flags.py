@@ -4,14 +4,41 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 
 from infer_core.bench.config import ENDPOINT_PATHS, ServeBenchConfig
+
+DESCRIPTION = """\
+Load-test an OpenAI-compatible server (infer, vLLM, SGLang): --num-prompts streaming requests at
+each --concurrency (or --request-rate) value; reports request and output token throughput, and the
+mean, p50, p90 and p99 of TTFT, TPOT, ITL and end-to-end latency, as a table and with --json.
+
+  infer bench serve --base-url http://127.0.0.1:8000 --concurrency 1 8 32
+  infer bench serve --start-server "--model M --load-format dummy" --concurrency 1 16 64 256 \\
+      --num-prompts 256 --offline-row --json serving.json
+
+--start-server runs `infer serve FLAGS` on a free port for the run and stops it after; --offline-row
+then runs the offline engine (LLM) with the same flags, alone on the device, on the last load
+point's prompts, and gives every server row its fraction of the offline output tok/s."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every flag of ``infer bench serve``."""
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "--base-url", default=None, help="server root, e.g. http://127.0.0.1:8000"
+    )
+    where.add_argument(
+        "--start-server",
+        default=None,
+        metavar="FLAGS",
+        help='start `infer serve FLAGS` for the run and stop it after, e.g. "--model M --load-format dummy"',
+    )
     parser.add_argument(
-        "--base-url", required=True, help="server root, e.g. http://127.0.0.1:8000"
+        "--offline-row",
+        action="store_true",
+        help="then run the offline engine (LLM) with the same flags on the last load point's prompts, "
+        "as a row beside the server's (needs --start-server)",
     )
     parser.add_argument(
         "--endpoint",
@@ -108,7 +135,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> ServeBenchConfig:
     return ServeBenchConfig(
-        base_url=args.base_url,
+        base_url=args.base_url or "",
+        server_flags=shlex.split(args.start_server) if args.start_server is not None else None,
+        offline_row=args.offline_row,
         model=args.model,
         api_key=args.api_key or os.environ.get("OPENAI_API_KEY") or None,
         endpoint=args.endpoint,

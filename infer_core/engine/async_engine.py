@@ -1,286 +1,298 @@
-"""AsyncEngine: the Engine on its own thread, driven by one loop, fed from asyncio.
+"""AsyncEngine: the engine core in a process of its own, and the frontend's processing on the event loop.
 
-The Engine is single-threaded by design. The server's event loop must stay free to accept and
-stream while a step runs, so the engine lives on one background thread that alternates between
-applying queued commands (add, abort) and running ``Engine.step()``; outputs travel back to the
-event loop with ``call_soon_threadsafe``. Nothing but that thread touches the Engine.
-Its lifecycle states and published snapshot are in ``engine_state``; a request's output stream
-is in ``request_stream``.
+As vLLM v1: the server's process tokenizes, detokenizes, checks stop strings and frames SSE; the
+engine-core process (engine/core_process.py) loops scheduler -> executor -> decoding policy and
+sends each step's new token ids back, so nothing the HTTP side does (a huge body, a slow client,
+the GIL) holds a step. Everything here runs on the event loop's thread: ``add_request`` sends the
+completions and waits for the core's ack (a refusal raises here), each ``CoreStep`` read runs the
+output processor and feeds the streams, a stop string found ends the completion in the core, and
+an abort ends the stream at once and frees the KV blocks at the core's next look at its commands.
+The core's exit, expected or not, ends every stream with EngineDeadError.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
-from infer_core.engine.engine import Engine
-from infer_core.engine.engine_state import EngineSnapshot, EngineState
-from infer_core.engine.request_stream import RequestStream, deliver
-from infer_core.errors import EngineDeadError
-from infer_core.interfaces import ParallelMetric
+from infer_core.engine.core_client import CoreClient
+from infer_core.engine.core_messages import (
+    INTERNAL_ERROR,
+    AddRequest,
+    CoreFailed,
+    CoreReady,
+    CoreStarted,
+    CoreStep,
+    FinishRequests,
+    RemoteRequest,
+    decode_updates,
+)
+from infer_core.engine.engine_state import EngineSnapshot, EngineState, unavailable_reason
+from infer_core.engine.input_processor import InputProcessor, completion_ids
+from infer_core.engine.output_processor import OutputProcessor
+from infer_core.engine.core_stats_relay import NO_CORE_STATS, CoreStatsCopy, engine_snapshot, with_stats
+from infer_core.engine.request_stream import RequestStream
+from infer_core.errors import EngineDeadError, RequestError
+from infer_core.interfaces import ParallelMetric, RequestStatus
 from infer_core.outputs import RequestOutput
+from infer_core.runner.gc_policy import STEP_LOOP_GC
 from infer_core.sampling_params import SamplingParams
+from infer_core.settings import EngineSettings
 
 logger = logging.getLogger(__name__)
 
-IDLE_WAIT_S = 0.25  # how often an idle engine thread wakes to check its executor's health
-STALL_AFTER_S = 120.0  # a step running longer than this with work pending counts as "not making progress"
-
-
-@dataclass(slots=True)
-class _Add:
-    request_id: str
-    prompt: str | Sequence[int]
-    params: SamplingParams
-    add_special_tokens: bool
-    stream: RequestStream
-    done: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-
-
-@dataclass(slots=True)
-class _Abort:
-    request_id: str
+STALL_AFTER_S = 120.0  # a core with work that sent nothing for this long counts as "not making progress"
 
 
 class AsyncEngine:
-    """Owns the engine thread. ``start`` returns at once; the model loads on the thread."""
+    """Owns the engine-core process. ``start`` returns at once; the model loads over there.
 
-    def __init__(self, build_engine: Callable[[], Engine],
-                 observe: Callable[[list[RequestOutput], float], None] | None = None) -> None:
-        self._build_engine = build_engine
+    ``on_started(engine)`` runs on the event loop once the core sent its configuration and
+    tokenizer (``config``, ``chosen``, ``tokenizer`` are set then), before the weights are loaded.
+    """
+
+    def __init__(self, settings: EngineSettings,
+                 observe: Callable[[list[RequestOutput], float], None] | None = None,
+                 on_started: Callable[[AsyncEngine], None] | None = None,
+                 on_ready: Callable[[AsyncEngine], None] | None = None) -> None:
+        self.settings = settings
         self._observe = observe
-        self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
-        self._streams: dict[str, RequestStream] = {}  # owned by the engine thread
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop = threading.Event()
-        self._num_pending_adds = 0
-        self._step_started: float | None = None
-        self.engine: Engine | None = None
+        self._on_started = on_started
+        self._on_ready = on_ready
+        self._client = CoreClient(settings, self._on_message, self._on_exit)
+        self._streams: dict[str, RequestStream] = {}
+        self._pending: dict[str, asyncio.Future] = {}  # request id -> the core's ack
+        self._known: dict[str, RemoteRequest] = {}  # completions the core runs for us
+        self._finished: dict[str, int] = {}  # finish_reason -> completions
+        self._last_heard = time.monotonic()
+        self._holds_gc = False
+        self.inputs: InputProcessor | None = None
+        self.outputs: OutputProcessor | None = None
+        self.config = None  # EngineConfig, once the core sent it
+        self.chosen: dict | None = None
+        self.tokenizer = None
+        self.num_kv_blocks: int | None = None
         self.state = EngineState.LOADING
         self.error: str | None = None
         self.snapshot = EngineSnapshot()
+        self._stats = NO_CORE_STATS  # the parallel series (EP's load) and spec-decoding counters last sent
         self.loaded = threading.Event()  # set when loading ended, either way
 
-    # lifecycle --------------------------------------------------------------------------------
+    @property
+    def core_pid(self) -> int | None:
+        return self._client.pid
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._thread = threading.Thread(target=self._run, name="infer-engine", daemon=True)
-        self._thread.start()
+        self._client.start(loop)
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Stop the thread (running requests end with "abort") and release the engine."""
-        self._stop.set()
-        self._commands.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout)
+        """Stop the core process (what still runs there is dropped: ``drain`` first); any thread."""
         if self.state is not EngineState.DEAD:
             self.state = EngineState.STOPPED
+        self._client.stop(timeout)
+        self._release_gc()
 
     @property
     def is_healthy(self) -> bool:
-        """Ready, its thread alive, and not stuck in one step."""
-        if self.state is not EngineState.READY or self._thread is None or not self._thread.is_alive():
+        """Ready, its core alive, and not silent for long with work to do."""
+        if self.state is not EngineState.READY or not self._client.is_alive:
             return False
-        started = self._step_started
-        return started is None or time.monotonic() - started < STALL_AFTER_S
+        return not self._streams or time.monotonic() - self._last_heard < STALL_AFTER_S
 
     @property
     def num_unfinished(self) -> int:
-        return len(self._streams) + self._num_pending_adds
+        return len(self._streams)
 
     @property
     def num_pending_adds(self) -> int:
-        """Requests sent to the engine thread that it has not taken in yet."""
-        return self._num_pending_adds
+        """Requests sent to the core that it has not taken in yet."""
+        return len(self._pending)
 
-    # the asyncio side -------------------------------------------------------------------------
+    def unavailable_reason(self) -> str:
+        return unavailable_reason(self.state, self.error)
 
     async def add_request(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams,
                           add_special_tokens: bool = True) -> RequestStream:
-        """Queue a request on the engine thread; raises what ``Engine.add_request`` raises."""
+        """Send a request to the core and wait for its ack; raises what the core's refusal says.
+
+        Text prompts are tokenized here, on the event loop: the server sends token ids.
+        """
         if self.state is not EngineState.READY:
             raise EngineDeadError(self.unavailable_reason())
-        command = _Add(request_id, prompt, params, add_special_tokens, RequestStream(request_id))
-        self._num_pending_adds += 1
+        inputs, outputs = self.inputs, self.outputs
+        params = inputs.sampling_params(params)
+        children = completion_ids(request_id, params)
+        for taken in (request_id, *(cid for cid, _ in children)):
+            if outputs.is_known(taken) or taken in self._known:
+                what = "request id" if taken == request_id else f"completion id of request {request_id!r}"
+                raise RequestError(f"{what} {taken!r} is already in use", param="request_id")
+        text, prompt_ids = inputs.tokenize(prompt, add_special_tokens)
+        arrival = time.monotonic()
+        completions = inputs.core_requests(children, prompt_ids, params, arrival)
+        if not self._streams:
+            self._last_heard = arrival  # the stall clock starts with the work
+            self._hold_gc()
+        outputs.add(request_id, text, list(prompt_ids), children, arrival)
+        stream = self._streams[request_id] = RequestStream(request_id)
+        for cid, _ in children:
+            self._known[cid] = RemoteRequest(cid)
+        ack = self._pending[request_id] = asyncio.get_running_loop().create_future()
+        self._client.send(AddRequest(request_id, completions))
         try:
-            self._commands.put(command)
-            await asyncio.wrap_future(command.done)
+            await ack
         except asyncio.CancelledError:
-            self.abort(request_id)  # the engine thread may have taken it in already
+            self.abort(request_id)  # the core takes the add, then this
+            raise
+        except BaseException:
+            self._forget(request_id)
             raise
         finally:
-            self._num_pending_adds -= 1
-        return command.stream
+            self._pending.pop(request_id, None)
+        return stream
 
     def abort(self, request_id: str) -> None:
-        """End a request soon (between steps); its stream gets a final "abort" output."""
-        self._commands.put(_Abort(request_id))
+        """End a request now: its stream gets a final "abort" output; the core frees its blocks."""
+        if self.outputs is None:
+            return
+        children = self.outputs.children_of(request_id)
+        if children:
+            self._client.send(FinishRequests(children, RequestStatus.FINISHED_ABORTED))
+            for cid in children:
+                self._known.pop(cid, None)
+        output = self.outputs.abort(request_id)
+        if output is not None:
+            self._dispatch([output])
 
-    def unavailable_reason(self) -> str:
-        if self.state is EngineState.LOADING:
-            return "the model is still loading; retry shortly"
-        if self.state is EngineState.DRAINING:
-            return "the server is shutting down and accepts no new requests"
-        if self.state is EngineState.DEAD:
-            return f"the engine stopped after an error and must be restarted: {self.error}"
-        return "the engine is stopped"
+    def _forget(self, request_id: str) -> None:
+        """A request the core refused: nothing of it is left here."""
+        for cid in self.outputs.children_of(request_id):
+            self._known.pop(cid, None)
+        self.outputs.abort(request_id)
+        self._streams.pop(request_id, None)
+        if not self._streams:
+            self._release_gc()
 
     async def drain(self, timeout: float, abort_wait: float = 10.0) -> int:
         """Refuse new requests, wait up to ``timeout`` s for running ones, abort the rest; how many were aborted.
 
-        After aborting, waits at most ``abort_wait`` s for the aborted streams' final outputs (a
-        step in flight must end first); a request still being added is aborted as it arrives.
+        Each aborted stream gets its final output at once; ``abort_wait`` bounds the wait for
+        requests still being added (their ack, then their abort).
         """
         if self.state is EngineState.READY:
             self.state = EngineState.DRAINING
         deadline = time.monotonic() + timeout
         while self.num_unfinished and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        aborted: set[str] = set()
+        aborted = list(self._streams)
+        for request_id in aborted:
+            self.abort(request_id)
         deadline = time.monotonic() + abort_wait
-        while self.num_unfinished and self._thread is not None and self._thread.is_alive():
-            for request_id in set(self._streams.copy()) - aborted:  # the engine thread may change the dict
-                self.abort(request_id)
-                aborted.add(request_id)
-            if time.monotonic() > deadline:
-                logger.warning("%d requests did not end within %.0f s of being aborted", self.num_unfinished,
-                               abort_wait)
-                break
-            await asyncio.sleep(0.01)  # let the aborted streams get their final output
+        while self.num_unfinished and self._client.is_alive and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if self.num_unfinished:
+            logger.warning("%d requests did not end within %.0f s of being aborted", self.num_unfinished, abort_wait)
         return len(aborted)
 
-    # the engine thread ------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        try:
-            self.engine = self._build_engine()
-        except BaseException as e:  # report, never raise on a daemon thread
-            logger.exception("the engine failed to load")
-            self._die(f"{type(e).__name__}: {e}")
+    def _on_message(self, message) -> None:
+        self._last_heard = time.monotonic()
+        if isinstance(message, CoreStep):
+            self._on_step(message)
+        elif isinstance(message, CoreStarted):
+            self.config, self.chosen, self.tokenizer = message.config, message.chosen, message.tokenizer
+            self.inputs = InputProcessor(self.tokenizer, self.config.model.vocab_size, self.config.max_model_len)
+            self.outputs = OutputProcessor(self.tokenizer)
+            if self._on_started is not None:
+                self._on_started(self)
+        elif isinstance(message, CoreReady):
+            self.num_kv_blocks = message.num_kv_blocks
+            if self.state is EngineState.LOADING:
+                self.state = EngineState.READY
             self.loaded.set()
-            return
-        self.state = EngineState.READY
-        self._publish()
-        self.loaded.set()
-        logger.info("engine ready")
-        try:
-            self._loop_until_stopped()
-        except BaseException as e:
-            logger.exception("the engine failed")
-            self._die(f"{type(e).__name__}: {e}")
-        finally:
-            self._release()
+            if self._on_ready is not None:
+                self._on_ready(self)
+        elif isinstance(message, CoreStatsCopy):
+            self._stats = message
+            self.snapshot = with_stats(self.snapshot, message)
+        elif isinstance(message, CoreFailed):
+            logger.error("the engine core failed: %s", message.reason)
+            self._die(message.reason)
 
-    def _loop_until_stopped(self) -> None:
-        engine = self.engine
-        assert engine is not None
-        while not self._stop.is_set():
-            commands = self._take_commands(block=not engine.has_unfinished_requests())
-            for command in commands:
-                if command is None:
-                    return
-                self._apply(engine, command)
-            if commands:
-                self._publish()  # admission control sees new arrivals before the step ends
-            engine.executor.check_health()
-            if engine.has_unfinished_requests():
-                self._step_started = time.monotonic()
-                outputs = engine.step()
-                self._step_started = None
-                self._dispatch(outputs)
-            self._publish()
-
-    def _take_commands(self, block: bool) -> list[_Add | _Abort | None]:
-        """Every queued command; when idle, wait a little for the first one."""
-        commands = []
-        try:
-            commands.append(self._commands.get(timeout=IDLE_WAIT_S) if block else self._commands.get_nowait())
-            while True:
-                commands.append(self._commands.get_nowait())
-        except queue.Empty:
-            return commands
-
-    def _apply(self, engine: Engine, command: _Add | _Abort) -> None:
-        if isinstance(command, _Abort):
-            output = engine.abort(command.request_id)
-            if output is not None:
-                self._dispatch([output])
+    def _on_step(self, step: CoreStep) -> None:
+        self.snapshot = engine_snapshot(step.counters, self._finished, self._stats)
+        for request_id in step.admitted:
+            ack = self._pending.get(request_id)
+            if ack is not None and not ack.done():
+                ack.set_result(None)
+        for request_id, message, param, code in step.refused:
+            ack = self._pending.get(request_id)
+            if ack is not None and not ack.done():
+                ack.set_exception(RuntimeError(message) if code == INTERNAL_ERROR else
+                                  RequestError(message, param=param, code=code))
+        if not step.request_ids:
             return
-        if not command.done.set_running_or_notify_cancel():
-            return  # its HTTP request was cancelled while queued here
-        try:
-            engine.add_request(command.request_id, command.prompt, command.params,
-                               add_special_tokens=command.add_special_tokens)
-        except BaseException as e:
-            command.done.set_exception(e)
-            return
-        self._streams[command.request_id] = command.stream
-        command.done.set_result(None)
+        known = self._known
+        outputs, stopped = self.outputs.process(decode_updates(step, known))
+        if stopped:
+            self._client.send(FinishRequests(stopped, RequestStatus.FINISHED_STOPPED))
+            for cid in stopped:
+                known.pop(cid, None)
+        for row, _, _ in step.ended:
+            known.pop(step.request_ids[row], None)
+        self._dispatch(outputs)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         if self._observe is not None and outputs:
             self._observe(outputs, time.monotonic())
-        deliveries = []
+        streams = self._streams
         for output in outputs:
-            stream = self._streams.get(output.request_id)
+            stream = streams.get(output.request_id)
             if stream is None:
                 continue
-            deliveries.append((stream, output))
+            stream.put(output)
             if output.finished:
-                del self._streams[output.request_id]
-        if deliveries:
-            self._loop.call_soon_threadsafe(deliver, deliveries)
+                del streams[output.request_id]
+                finished = self._finished
+                for completion in output.outputs:
+                    reason = completion.finish_reason or "abort"
+                    finished[reason] = finished.get(reason, 0) + 1
+        if not streams:
+            self._release_gc()
 
     def parallel_metrics(self) -> list[ParallelMetric]:
-        """The parallel strategy's series (expert parallelism's load), read by /metrics from the server's thread."""
-        engine = self.engine
-        return engine.executor.metrics() if engine is not None else []
+        return self._stats.parallel
 
-    def _publish(self) -> None:
-        engine = self.engine
-        stats = engine.stats()
-        counters = engine.counters
-        self.snapshot = EngineSnapshot(stats.num_running, stats.num_waiting, stats.kv_usage, stats.num_preemptions,
-                                       stats.prefix_queried_tokens, stats.prefix_hit_tokens, counters.prompt_tokens,
-                                       counters.generation_tokens, dict(counters.finished), engine.decoding.stats())
+    def _on_exit(self, exitcode: int | None) -> None:
+        if self.state is EngineState.STOPPED or self.state is EngineState.DEAD:
+            self.loaded.set()
+            return
+        self._die(f"the engine core process exited with code {exitcode}" + (
+            " (killed by a signal: out of memory?)" if exitcode is not None and exitcode < 0 else ""))
 
     def _die(self, reason: str) -> None:
+        if self.state is EngineState.DEAD:
+            return
         self.state = EngineState.DEAD
         self.error = reason
-        streams, self._streams = list(self._streams.values()), {}
         error = EngineDeadError(f"the engine stopped after an error: {reason}")
-        if streams and self._loop is not None:
-            self._loop.call_soon_threadsafe(deliver, [(s, error) for s in streams])
-        self._fail_pending_adds(error)
+        streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
+            stream.put(error)
+        for ack in self._pending.values():
+            if not ack.done():
+                ack.set_exception(error)
+        self._known.clear()
+        self._release_gc()
+        self.loaded.set()
 
-    def _fail_pending_adds(self, error: BaseException) -> None:
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(command, _Add) and not command.done.done():
-                command.done.set_exception(error)
+    def _hold_gc(self) -> None:
+        if not self._holds_gc:
+            self._holds_gc = True
+            STEP_LOOP_GC.hold()  # a full collection of this process's heap would stall every stream
 
-    def _release(self) -> None:
-        """Abort what is left, fail queued adds, shut the executor down."""
-        engine = self.engine
-        if engine is None:
-            return
-        if not engine.is_dead and self.state is not EngineState.DEAD:
-            aborted = [o for o in (engine.abort(rid) for rid in list(self._streams)) if o is not None]
-            self._dispatch(aborted)
-        self._fail_pending_adds(EngineDeadError("the engine is stopped"))
-        try:
-            engine.shutdown()
-        except Exception:
-            logger.exception("engine shutdown failed")
-
+    def _release_gc(self) -> None:
+        if self._holds_gc:
+            self._holds_gc = False
+            STEP_LOOP_GC.release()

@@ -1,4 +1,4 @@
-"""What the engine thread tells the server: its lifecycle state and a snapshot of its counters."""
+"""What the server knows of the engine core: its lifecycle state and a snapshot of its counters."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ class EngineState(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class EngineSnapshot:
-    """What the engine thread last published: read by /metrics and admission without a lock."""
+    """The counters the engine core sent last (and the frontend's finished completions), read by /metrics and admission."""
 
     num_running: int = 0
     num_waiting: int = 0
@@ -30,3 +30,14 @@ class EngineSnapshot:
     generation_tokens: int = 0
     finished: dict[str, int] = field(default_factory=dict)
     spec_decoding: SpecDecodingStats | None = None  # None: the decoding policy drafts nothing
+
+
+def unavailable_reason(state: EngineState, error: str | None) -> str:
+    """Why a request cannot be taken in ``state`` (the 503's message)."""
+    if state is EngineState.LOADING:
+        return "the model is still loading; retry shortly"
+    if state is EngineState.DRAINING:
+        return "the server is shutting down and accepts no new requests"
+    if state is EngineState.DEAD:
+        return f"the engine stopped after an error and must be restarted: {error}"
+    return "the engine is stopped"

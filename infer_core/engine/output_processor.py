@@ -1,5 +1,9 @@
 """Turning per-sequence token updates into RequestOutputs: text, stop strings, n completions.
 
+The updates are the core's ``RequestUpdate``s: in one process its own, across the process
+boundary the frontend's copies of them (engine/core_messages.py), whose ``request`` carries only
+what is read here (id, status, stop reason, prefix-cache hit, first scheduled time).
+
 Stop strings are found in the detokenized text; the last ``len(longest stop) - 1`` characters
 are held back from streaming until it is clear they do not start a stop string, so a client
 never sees part of one.
@@ -224,6 +228,7 @@ class OutputProcessor:
                 stopped.append(child_id)
             if seq.output.finish_reason is not None:
                 parent.finished_children.add(child_id)
+                del parent_of[child_id]  # a core in another process may still send its tokens: dropped
             if update.new_token_ids:
                 metrics = parent.metrics
                 if metrics.first_token_time is None:

@@ -19,8 +19,6 @@ def load_tokenizer(source: ModelSource, tokenizer: str | None = None, chat_templ
     ``tokenizer``: a folder to take it from instead of the model's; ``chat_template``: a file or the template
     itself, replacing the tokenizer's (the settings of those names).
     """
-    from transformers import AutoTokenizer
-
     folder = Path(tokenizer) if tokenizer else source.path
     gguf_file = source.gguf_file if not tokenizer else None
     if gguf_file is None and not any((folder / name).is_file() for name in TOKENIZER_FILES):
@@ -28,6 +26,8 @@ def load_tokenizer(source: ModelSource, tokenizer: str | None = None, chat_templ
             raise ModelError(f"no tokenizer files ({', '.join(TOKENIZER_FILES)}) in {folder}")
         logger.info("no tokenizer in %s: prompts must be token ids and outputs carry no text", folder)
         return None
+    from transformers import AutoTokenizer  # only now: a model without a tokenizer never imports transformers
+
     try:
         loaded = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf_file)
     except Exception as e:

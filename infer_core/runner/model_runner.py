@@ -105,6 +105,8 @@ class ModelRunner:
 
     def load_model(self) -> None:
         start = time.perf_counter()
+        logger.info("loading the weights of %s (%s, %s) onto %s…", self.config.model.architecture, self.config.dtype,
+                    self.config.load_format, self.device)
         build = BuildContext(self.config.model, self.parallel, self.quantizer, self.attention, self.dtype,
                              self.config.max_model_len)
         with torch.device(self.device):
@@ -128,6 +130,7 @@ class ModelRunner:
         """Allocate ``num_blocks`` KV blocks (plus the pad block padded graph rows write to), the
         step buffers, and capture the CUDA graphs."""
         m, s = self.config.model, self.config.settings
+        logger.info("allocating the KV cache: %d blocks…", num_blocks)
         self.kv_caches = allocate_kv_caches(m.num_layers, num_blocks + 1, self.config.block_size, self.num_kv_heads,
                                             m.head_dim, self.dtype, self.device)
         max_num_tokens = max(s.max_num_batched_tokens, s.max_num_seqs)
@@ -140,6 +143,7 @@ class ModelRunner:
             verify = self.config.implementations.get("decoding", "standard") != "standard"
             self.graphs = CudaGraphRunner(self.buffers, self.config.block_size, self.config.max_model_len,
                                           capture_sizes(s.max_num_seqs), self.prefill_graph_sizes(), verify)
+            logger.info("capturing CUDA graphs…")
             with torch.inference_mode():
                 self.graphs.capture(self.attention.build_metadata, self._forward_logits, self._forward_sampled,
                                     greedy_argmax)

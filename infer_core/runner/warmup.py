@@ -45,11 +45,14 @@ def profile_num_blocks(runner: ModelRunner) -> int:
     max_useful = s.max_num_seqs * -(-config.max_model_len // config.block_size)
     if runner.device.type != "cuda":
         return cpu_num_blocks(s.kv_cache_gb, runner.bytes_per_block(), max_useful)
+    logger.info("profiling the largest step (%d tokens) to size the KV cache…", s.max_num_batched_tokens)
+    start = time.perf_counter()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(runner.device)
     profile_step(runner)
     torch.cuda.synchronize(runner.device)
     torch.cuda.empty_cache()
+    logger.info("profiled in %.1f s", time.perf_counter() - start)
     # A captured decode batch of max_num_seqs tokens needs about that share of the profiled
     # activations (which are for max_num_batched_tokens tokens).
     graph_tokens = max([s.max_num_seqs, *runner.prefill_graph_sizes()])
@@ -86,6 +89,7 @@ def warm_up(runner: ModelRunner) -> None:
     step and the graph capture use only such sizes; a mixed step of odd sizes and small
     sampled batches (top-k/top-p at 3 rows, plain temperature at 1) covers the rest.
     """
+    logger.info("warming up kernels for odd step sizes and the sampler's batch sizes…")
     start = time.perf_counter()
     for per_req, params in (([19, 1, 1], SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05)),
                             ([5], SamplingParams(temperature=0.6))):

@@ -1,7 +1,7 @@
 """The Litestar app: ``create_app(settings)``, and ``app`` for ``uvicorn infer_core.server.app:app``.
 
-The lifespan starts the engine thread and returns at once, so the server answers (``/health``
-503) while the model loads; on exit it aborts what still runs and stops the engine.
+The lifespan starts the engine-core process and returns at once, so the server answers
+(``/health`` 503) while the model loads there; on exit it aborts what still runs and stops the core.
 """
 
 from __future__ import annotations
@@ -33,12 +33,14 @@ def create_app(settings: EngineSettings | None = None) -> Litestar:
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
+        logger.info("loading the model %s in the engine core process…", settings.model or "(the default model)")
         server.engine.start(asyncio.get_running_loop())
         try:
             yield
         finally:
             await server.engine.drain(0)  # whatever still runs ends with "abort"
             await asyncio.to_thread(server.engine.shutdown)
+            server.tokenizer_pool.shutdown()
             logger.info("engine stopped")
 
     protected = Router("/", route_handlers=[chat_completions, completions, list_models, plugins, tokenize, detokenize],

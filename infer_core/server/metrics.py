@@ -1,8 +1,8 @@
 """Prometheus metrics under vLLM's names with the ``infer:`` prefix, labelled ``model_name``.
 
-Gauges and counters are read at scrape time from the engine thread's last snapshot (a custom
-collector: no locking on the hot path); latency histograms are observed on the engine thread as
-outputs arrive. Each app owns its registry, so several apps can live in one process (tests).
+Gauges and counters are read at scrape time from the last snapshot of the engine core's counters
+(a custom collector: nothing to update on the hot path); latency histograms are observed on the
+event loop as each step's outputs arrive from the core. Each app owns its registry, so several apps can live in one process (tests).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class _SnapshotCollector(Collector):
 
 
 class ServerMetrics:
-    """The app's registry; ``observe`` runs on the engine thread after every step."""
+    """The app's registry; ``observe`` runs on the event loop with every step's outputs."""
 
     def __init__(self, model_name: str, snapshot: Callable[[], EngineSnapshot],
                  parallel: Callable[[], list[ParallelMetric]] = list) -> None:

@@ -2,7 +2,8 @@
 
 On SIGTERM (or the first Ctrl-C) the server stops taking requests (503, ``/health`` 503), lets
 running requests finish for up to ``shutdown_timeout`` seconds, aborts the rest (finish_reason
-"abort"), then exits 0. A second Ctrl-C exits at once.
+"abort"), then exits 0. A second Ctrl-C exits at once. A model that cannot be loaded is logged
+with its cause and the server exits 1: it could never answer.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from types import FrameType
 
 import uvicorn
 
+from infer_core.engine.engine_state import EngineState
 from infer_core.server.app import create_app
 from infer_core.settings import EngineSettings
 
@@ -28,10 +30,38 @@ class _DrainingServer(uvicorn.Server):
         self.settings = settings
         self._draining = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.load_failed = False
 
     async def serve(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
-        await super().serve(sockets)
+        watch = self._loop.create_task(self._exit_if_loading_fails())
+        try:
+            await super().serve(sockets)
+        finally:
+            watch.cancel()
+
+    async def _exit_if_loading_fails(self) -> None:
+        engine = self.config.app.state.server.engine
+        while engine.state is EngineState.LOADING:
+            await asyncio.sleep(0.2)
+        if engine.state is EngineState.DEAD:
+            logger.error("the model could not be loaded, so this server could never answer: stopping "
+                         "(the cause is logged above: %s)", engine.error)
+            self.load_failed = True
+            self.should_exit = True
+
+    def _log_started_message(self, listeners) -> None:
+        """Where the server listens, without uvicorn's "running on", which would claim a readiness the
+        model loading in the engine core has not reached yet: the "ready" line says that."""
+        host = self.config.host if ":" not in self.config.host else f"[{self.config.host}]"
+        port = self.config.port or listeners[0].getsockname()[1]
+        state = self.config.app.state.server
+        state.url = f"http://{host}:{port}"
+        if state.engine.state is EngineState.LOADING:
+            logger.info("listening on %s while the model loads: /health answers 503 until the 'ready' line "
+                        "(Ctrl+C to quit)", state.url)
+        else:
+            logger.info("listening on %s (Ctrl+C to quit)", state.url)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._draining or self._loop is None:
@@ -60,4 +90,4 @@ def serve(settings: EngineSettings) -> int:
                             timeout_graceful_shutdown=max(5, int(settings.shutdown_timeout)), access_log=False)
     server = _DrainingServer(config, settings)
     server.run()
-    return 0 if server.started else 1
+    return 0 if server.started and not server.load_failed else 1

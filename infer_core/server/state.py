@@ -2,30 +2,29 @@
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from infer_core.engine.async_engine import AsyncEngine
-from infer_core.engine.engine import Engine
 from infer_core.engine.engine_state import EngineState
-from infer_core.loader import assemble
+from infer_core.loader import EngineSpec, load_catalog
 from infer_core.models.source import DEFAULT_MODEL_NAME
 from infer_core.server.errors import OpenAIError, bad_request
 from infer_core.server.metrics import ServerMetrics
+from infer_core.server.tokenizer_pool import TokenizerPool
 from infer_core.settings import EngineSettings
 
 logger = logging.getLogger(__name__)
 
 # generation_config.json keys that become request defaults (as vLLM's --generation-config auto)
 _GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+TOKENIZER_THREADS = 4  # a short prompt waits only while this many long ones are being tokenized
 
 
 def served_model_name(settings: EngineSettings) -> str:
@@ -52,38 +51,41 @@ class ServerState:
     engine: AsyncEngine = field(init=False)
     metrics: ServerMetrics = field(init=False)
     created: int = field(default_factory=lambda: int(time.time()))
-    tokenizer: Any = None  # the handlers' own copy: the engine thread's is not shared across threads
+    started: float = field(default_factory=time.monotonic)
+    url: str | None = None  # where clients reach the server, for the "ready" line (serve.py knows it)
+    tokenizer: Any = None  # the handlers' own copy: the output processor's is used on the event loop
     max_model_len: int = 0
     defaults: dict[str, Any] = field(default_factory=dict)
-    spec: Any = None  # the assembled EngineSpec, for /v1/plugins
-    # one thread for tokenizing and chat templates: a 16 MiB prompt must not stall the event loop,
-    # and one tokenizer instance is not safe to use from several threads at once
-    tokenizer_thread: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="infer-tokenizer"))
+    spec: EngineSpec | None = None  # the assembled engine as the core reported it, for /v1/plugins
+    # threads for tokenizing and chat templates, off the event loop. They share one tokenizer:
+    # encode, decode and chat templates only read it (no truncation or padding is ever set).
+    tokenizer_pool: TokenizerPool = field(default_factory=lambda: TokenizerPool(TOKENIZER_THREADS))
 
     def __post_init__(self) -> None:
         self.metrics = ServerMetrics(self.model_name, lambda: self.engine.snapshot,
                                      lambda: self.engine.parallel_metrics())
-        self.engine = AsyncEngine(self._build_engine, self.metrics.observe)
+        self.engine = AsyncEngine(self.settings, self.metrics.observe, on_started=self._on_started,
+                                  on_ready=self._on_ready)
 
     async def tokenize(self, work: Callable[..., Any], *args: Any) -> Any:
-        """Run ``work(*args)`` (tokenizer calls) on the tokenizer thread."""
-        return await asyncio.get_running_loop().run_in_executor(self.tokenizer_thread, work, *args)
+        """Run ``work(*args)`` (tokenizer calls) on a tokenizer thread."""
+        return await self.tokenizer_pool.run(work, *args)
 
-    def _build_engine(self) -> Engine:
-        """Runs on the engine thread: assemble, load, then publish what the handlers need."""
-        started = time.monotonic()
-        spec = assemble(self.settings)
-        engine = Engine(spec)
+    def _on_started(self, engine: AsyncEngine) -> None:
+        """The core assembled the engine (its weights load now): take what the handlers need."""
+        config = engine.config
         self.tokenizer = copy.deepcopy(engine.tokenizer)
-        self.max_model_len = engine.config.max_model_len
-        self.defaults = generation_defaults(engine.config.source.path)
-        self.spec = spec
+        self.max_model_len = config.max_model_len
+        self.defaults = generation_defaults(config.source.path)
+        self.spec = EngineSpec(config, load_catalog(self.settings.plugins), engine.chosen)
         if self.defaults:
             logger.info("sampling defaults from generation_config.json: %s", self.defaults)
-        logger.info("model %s loaded in %.1f s; serving it as %r", engine.config.source.name,
-                    time.monotonic() - started, self.model_name)
-        return engine
+
+    def _on_ready(self, engine: AsyncEngine) -> None:
+        config = engine.config
+        url = self.url or f"http://{self.settings.host}:{self.settings.port}"
+        logger.info("ready: model %s (served as %r) on %s at %s, %.1f s after start", config.source.name,
+                    self.model_name, config.device, url, time.monotonic() - self.started)
 
     def require_ready(self) -> None:
         """503 while loading, draining or dead."""

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
 KEY = "s3cret-key"
+SOCKET_BUFFER_BYTES = 212_992  # Linux's default (net.core.wmem_default, rmem_default)
 
 
 @pytest.fixture(scope="module")
@@ -200,28 +201,39 @@ def test_sigterm_aborts_what_outlives_the_timeout(tiny_model, tmp_path):
     assert time.monotonic() - started < 60
 
 
-def test_plain_uvicorn_serves_the_app_configured_from_the_environment(tiny_model, tmp_path):
-    """``uvicorn infer_core.server.app:app`` with INFER_* variables, as a deployment would run it."""
+def test_plain_uvicorn_serves_the_app_configured_from_the_environment(tmp_path):
+    """``uvicorn infer_core.server.app:app`` with INFER_* variables, as a deployment would run it, on uvloop
+    (libuv makes a descriptor it watches non-blocking): the core's first message carries a tokenizer that
+    pickles to several times a socket's buffer, and the server must read it whole, become ready and answer."""
     import subprocess
     import sys
 
+    from infer_core.testing import write_word_tokenizer
     from infer_core.testing_server import free_port
 
+    model = write_word_tokenizer(make_tiny_checkpoint("llama", tmp_path / "model"), vocab_size=60_000)
+    assert (model / "tokenizer.json").stat().st_size > 4 * SOCKET_BUFFER_BYTES  # its pickle holds this file's text
     port = free_port()
-    env = {**os.environ, "INFER_MODEL": str(tiny_model), "INFER_SERVED_MODEL_NAME": "tiny-env", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "INFER_MODEL": str(model), "INFER_SERVED_MODEL_NAME": "tiny-env", "HF_HUB_OFFLINE": "1"}
     with open(tmp_path / "uvicorn.log", "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "uvicorn", "infer_core.server.app:app", "--port", str(port)],
-                                   env=env, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen([sys.executable, "-m", "uvicorn", "infer_core.server.app:app", "--port", str(port),
+                                    "--loop", "uvloop"], env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             base = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
+            health = None
+            while time.monotonic() < deadline and health != 200:
                 try:
-                    if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                        break
+                    health = httpx.get(f"{base}/health", timeout=2).status_code
                 except httpx.HTTPError:
                     pass
                 time.sleep(0.1)
+            assert health == 200, (tmp_path / "uvicorn.log").read_text()[-3000:]
+            r = httpx.post(f"{base}/v1/completions", json={"model": "tiny-env", "prompt": "w3 w4", "max_tokens": 3,
+                                                           "ignore_eos": True})
+            assert r.status_code == 200 and r.json()["usage"] == {"prompt_tokens": 2, "completion_tokens": 3,
+                                                                  "total_tokens": 5}, r.text
+            assert len(r.json()["choices"][0]["text"].split()) == 3
             assert [m["id"] for m in httpx.get(f"{base}/v1/models").json()["data"]] == ["tiny-env"]
             r = httpx.post(f"{base}/v1/completions", json={"model": "tiny-env", "prompt": [3, 4], "max_tokens": 3,
                                                            "ignore_eos": True})

@@ -1,0 +1,241 @@
+"""EngineCore: the step loop over requests of token ids; what runs in the engine-core process.
+
+A request's path through the core; each invariant is stated once, beside the module that keeps it:
+
+1. ``EngineCore.add`` (here): a request's completions, each a ``CoreRequest`` of token ids, to the scheduler.
+2. ``scheduler.schedule`` (builtin/scheduler_fcfs.py): token budget, KV blocks (builtin/kv_paged.py),
+   preemption -> ``SchedulerOutput``. Only the scheduler moves a request's ``num_computed_tokens``.
+3. ``executor.execute_async`` (builtin/parallel_single.py, or a parallel plugin's): the SchedulerOutput to
+   every rank's runner/worker.py -> ``ModelRunner.execute_async`` (runner/model_runner.py), which
+   a. prepares: runner/state.py (the runner's copy of a request changes only by SchedulerOutputs),
+      runner/inputs.py (the flat batch, decodes first; a graph's padding writes only the pad KV block);
+   b. forwards: ``forward_step`` (runner/cuda_graphs.py), one dispatch: decode graph, prefill graph or eager;
+   c. samples: runner/sampling_inputs.py + layers/sampler.py, or a greedy batch's argmax graph; the ids'
+      copy to the host (runner/step_output.py) -> ``PendingOutput``, whose ``result()`` is a ``RunnerOutput``.
+4. ``decoding.accept`` (builtin/decoding_standard.py, or a speculative plugin's): the tokens each request keeps.
+5. ``scheduler.update``: appends them; at EOS, a stop token or max_tokens a request ends, its blocks freed.
+   ``step`` returns these ``RequestUpdate``s; text, stop strings and n completions are the frontend's
+   (engine/engine.py in one process, engine/async_engine.py across the process boundary).
+
+Overlapped scheduling (``async_scheduling``, where executor, scheduler and decoding policy allow it):
+``step`` launches step N+1 before it reads step N's tokens (one launched step stays unread between calls);
+a token step N sampled is pending in N+1, its id read on the device (``ModelRunner._prepare``). A request that
+stopped in step N has one more token computed in N+1, which is dropped. A failure mid-step leaves the
+core dead (``step``). While requests are in progress the garbage collector leaves the heap that
+existed when they began alone (runner/gc_policy.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+import weakref
+from dataclasses import dataclass, field, replace
+
+from infer_core.errors import EngineDeadError, SettingsError
+from infer_core.interfaces import (
+    PendingOutput,
+    Request,
+    RequestStatus,
+    RequestUpdate,
+    SchedulerConfig,
+    SchedulerOutput,
+    SchedulerStats,
+)
+from infer_core.loader import EngineSpec
+from infer_core.profiling import step_range
+from infer_core.runner.gc_policy import STEP_LOOP_GC
+from infer_core.runner.worker import Worker
+from infer_core.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class CoreRequest:
+    """One completion as the core takes it: token ids in, and how to sample them. Small and picklable."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    max_tokens: int  # already resolved against max_model_len
+    arrival_time: float  # time.monotonic(), a clock every process of the machine shares
+    priority: int = 0
+
+
+@dataclass(slots=True)
+class EngineCounters:
+    """Totals since start, for logs and Prometheus. The core counts tokens; whoever reads the
+    outputs counts finished completions (a stop string ends one only there)."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    finished: dict[str, int] = field(default_factory=dict)  # finish_reason -> completions
+
+
+class EngineCore:
+    """Scheduler, executor and decoding policy. Not thread-safe: one thread makes every call."""
+
+    def __init__(self, spec: EngineSpec, extra_eos_token_ids: Iterable[int] = ()) -> None:
+        self.spec = spec
+        eos = set(spec.config.eos_token_ids) | set(extra_eos_token_ids)  # the runner bans these while min_tokens holds
+        self.config = config = replace(spec.config, eos_token_ids=tuple(sorted(eos)))
+        self.eos_token_ids = frozenset(eos)
+        settings = config.settings
+        strategy = spec.chosen["parallel"].load()(spec.context)
+        self.executor = strategy.create_executor(config, Worker)
+        try:
+            num_blocks = self._size_kv_cache(self.executor.start())
+            self.executor.init_kv_cache(num_blocks)
+            self.num_kv_blocks = num_blocks
+            self.decoding = spec.chosen["decoding"].load()(spec.context)
+            allocator = spec.chosen["kv_allocator"].load()(num_blocks, config.block_size,
+                                                           settings.enable_prefix_caching)
+            scheduler_config = SchedulerConfig(settings.max_num_seqs, settings.max_num_batched_tokens,
+                                               config.max_model_len, self.decoding.num_speculative_tokens)
+            self.scheduler = spec.chosen["scheduler"].load()(scheduler_config, allocator)
+        except BaseException:
+            self.executor.shutdown()  # no worker outlives a failed start
+            raise
+        self.overlap = (settings.async_scheduling and self.executor.supports_overlap
+                        and self.scheduler.supports_overlap and not self.decoding.num_speculative_tokens)
+        self._in_flight: tuple[SchedulerOutput, PendingOutput] | None = None  # launched, not yet read
+        self.counters = EngineCounters()
+        self._drafting_ids: dict[str, None] = {}  # with a speculative policy: the ids of requests added, in order
+        self.is_dead = False
+        self._gc_hold: weakref.finalize | None = None  # in a busy period: the collector's set up (runner/gc_policy.py)
+
+    def _size_kv_cache(self, possible: int) -> int:
+        config = self.config
+        settings = config.settings
+        num_blocks = settings.num_kv_blocks or possible
+        tokens = num_blocks * config.block_size
+        logger.info("KV cache: %d blocks of %d tokens = %d tokens; max concurrent requests at max_model_len: %.2f",
+                    num_blocks, config.block_size, tokens, tokens / config.max_model_len)
+        if tokens < config.max_model_len:
+            if settings.num_kv_blocks is None:
+                raise SettingsError(
+                    f"the KV cache holds {tokens} tokens, less than one request at max_model_len "
+                    f"({config.max_model_len}); raise gpu_memory_utilization or kv_cache_gb, or lower max_model_len"
+                )
+            logger.warning("num_kv_blocks=%d holds fewer tokens (%d) than max_model_len (%d): long requests are refused",
+                           num_blocks, tokens, config.max_model_len)
+        return num_blocks
+
+    # requests --------------------------------------------------------------------------------
+
+    def add(self, requests: Sequence[CoreRequest]) -> None:
+        """Queue one request's completions, all or none; RequestError if one can never be served."""
+        self._check_alive()
+        eos = self.eos_token_ids
+        added: list[str] = []
+        try:
+            for r in requests:
+                self.scheduler.add(Request(r.request_id, list(r.prompt_token_ids), r.params, r.max_tokens, eos,
+                                           r.priority, r.arrival_time))
+                added.append(r.request_id)
+        except BaseException:
+            self.scheduler.finish(added, RequestStatus.FINISHED_ABORTED)
+            raise
+        if self.decoding.num_speculative_tokens:
+            self._drafting_ids.update(dict.fromkeys(added))
+        self.counters.prompt_tokens += sum(len(r.prompt_token_ids) for r in requests)
+
+    def is_known(self, request_id: str) -> bool:
+        return self.scheduler.get(request_id) is not None
+
+    def finish(self, request_ids: Iterable[str], status: RequestStatus) -> None:
+        """End these completions now (their KV blocks are freed at once); unknown ids are ignored."""
+        self.scheduler.finish(request_ids, status)
+        if not self.has_unfinished_requests():
+            self._release_gc()
+
+    # the step loop ---------------------------------------------------------------------------
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.num_unfinished > 0 or self._in_flight is not None
+
+    def _check_alive(self) -> None:
+        if self.is_dead:
+            raise EngineDeadError("the engine stopped after an error; restart it")
+
+    def step(self) -> list[RequestUpdate]:
+        """Run one scheduled step; return the updates of the requests that progressed (overlapped:
+        those of the previous step, read while this one runs).
+
+        A failure (or KeyboardInterrupt) mid-step leaves scheduler and KV cache out of step with
+        each other, so the core is then dead: further calls raise EngineDeadError.
+        """
+        self._check_alive()
+        if self._gc_hold is None:  # a busy period starts: GC passes leave what exists now alone
+            self._gc_hold = STEP_LOOP_GC.hold_while_alive(self)
+        try:
+            updates = self._step()
+        except BaseException:
+            self.fail()
+            raise
+        if not self.has_unfinished_requests():
+            self._release_gc()
+        return updates
+
+    def fail(self) -> None:
+        """A step failed part-way (here or in whoever read its updates): refuse every later call."""
+        self.is_dead = True
+        self._release_gc()
+
+    def _release_gc(self) -> None:
+        if self._gc_hold is not None:
+            self._gc_hold, hold = None, self._gc_hold
+            hold()
+
+    def _step(self) -> list[RequestUpdate]:
+        # The named ranges are what `infer bench --profile` splits a step's host time into.
+        with step_range("infer.schedule"):
+            drafted = self._propose_drafts()
+            scheduler_output = self.scheduler.schedule()
+            for request in drafted:
+                request.spec_token_ids = []  # drafts are good for one step only
+        launched = (scheduler_output, self.executor.execute_async(scheduler_output))
+        previous, self._in_flight = self._in_flight, None
+        if scheduler_output.is_empty and previous is None and self.scheduler.num_unfinished:
+            raise RuntimeError("the scheduler made no progress with requests pending; this is a bug")
+        updates = self._finish_step(*previous) if previous is not None else []
+        if self.overlap and not scheduler_output.is_empty:
+            self._in_flight = launched  # read by the next call, while the step after it runs
+            return updates
+        return updates + self._finish_step(*launched)
+
+    def _finish_step(self, scheduler_output: SchedulerOutput, pending: PendingOutput) -> list[RequestUpdate]:
+        """Read a launched step's tokens and advance requests and counters by them."""
+        runner_output = pending.result()
+        with step_range("infer.process_outputs"):
+            accepted = self.decoding.accept(scheduler_output, runner_output)
+            updates = self.scheduler.update(scheduler_output, runner_output, accepted)
+        self.counters.generation_tokens += sum(len(u.new_token_ids) for u in updates)
+        return updates
+
+    def _propose_drafts(self) -> list[Request]:
+        """Ask a speculative policy for this step's drafts; the requests that got some."""
+        if not self.decoding.num_speculative_tokens:
+            return []
+        live = []
+        for request_id in list(self._drafting_ids):
+            request = self.scheduler.get(request_id)
+            if request is None:
+                del self._drafting_ids[request_id]  # finished
+            else:
+                live.append(request)
+        drafted = []
+        for request_id, draft in self.decoding.propose(live).items():
+            request = self.scheduler.get(request_id)
+            if request is not None and draft:
+                request.spec_token_ids = list(draft[: self.decoding.num_speculative_tokens])
+                drafted.append(request)
+        return drafted
+
+    def stats(self) -> SchedulerStats:
+        return self.scheduler.stats()
+
+    def shutdown(self) -> None:
+        self._release_gc()
+        self.executor.shutdown()
