@@ -42,7 +42,8 @@ def test_profile_window_counts_only_its_own_steps():
     assert len(calls) == 4 and breakdown["num_steps"] == 4
     assert breakdown["host_ranges"]["infer.schedule"]["count"] == 4
     assert breakdown["host_ranges"]["infer.forward"]["ms_per_step"] > 0
-    assert breakdown["missing_ranges"] == ["infer.prepare_inputs", "infer.sample", "infer.process_outputs"]
+    assert breakdown["missing_ranges"] == ["infer.prepare_inputs", "infer.sample", "infer.process_outputs",
+                                          "infer.detokenize"]
     named = sum(r["ms_per_step"] for r in breakdown["host_ranges"].values())
     assert named + breakdown["host_other_ms_per_step"] == pytest.approx(breakdown["wall_ms_per_step"], abs=1e-3)
 

@@ -15,7 +15,8 @@ from infer_core.cli import main
 from infer_core.testing import REAL_CONFIGS, make_tiny_checkpoint
 
 CONFIGS = Path(__file__).resolve().parents[1] / "benchmarks" / "configs"
-STEP_RANGES = ("infer.schedule", "infer.prepare_inputs", "infer.forward", "infer.sample", "infer.process_outputs")
+STEP_RANGES = ("infer.schedule", "infer.prepare_inputs", "infer.forward", "infer.sample", "infer.process_outputs",
+               "infer.detokenize")
 
 
 def test_workload_is_the_nano_vllm_one_bit_exact():
@@ -120,7 +121,7 @@ def test_throughput_command_writes_one_record_with_every_system(tiny_folder, tmp
     assert "fraction_of_floor" not in hf  # another number of prompts: not comparable
     breakdown = infer["step_breakdown"]
     assert breakdown["num_steps"] == 3 and set(breakdown["host_ranges"]) == set(STEP_RANGES)
-    for name in ("infer.schedule", "infer.process_outputs"):  # the engine's own ranges
+    for name in ("infer.schedule", "infer.process_outputs", "infer.detokenize"):  # the engine's own ranges
         assert breakdown["host_ranges"][name]["count"] == 3
     assert breakdown["gpu_busy_ms_per_step"] is None  # no CUDA here
     assert Path(breakdown["trace"]).is_file()

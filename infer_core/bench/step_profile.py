@@ -17,7 +17,10 @@ from typing import Any
 
 import torch
 
-STEP_RANGES = ("infer.schedule", "infer.prepare_inputs", "infer.forward", "infer.sample", "infer.process_outputs")
+# The engine core's phases, then the offline engine's turning of a step's updates into outputs (detokenizing,
+# stops): in a server that part runs in the server's process, not in the step.
+STEP_RANGES = ("infer.schedule", "infer.prepare_inputs", "infer.forward", "infer.sample", "infer.process_outputs",
+               "infer.detokenize")
 WINDOW_RANGE = "infer.bench.window"
 _DEVICE_ACTIVITIES = {"kernel", "gpu_memcpy", "gpu_memset"}
 NUM_TOP_KERNELS = 15

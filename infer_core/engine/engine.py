@@ -123,7 +123,7 @@ class Engine:
         """
         updates = self.core.step()
         try:
-            with step_range("infer.process_outputs"):
+            with step_range("infer.detokenize"):
                 outputs, stopped = self.outputs.process(updates)
                 if stopped:
                     self.core.finish(stopped, RequestStatus.FINISHED_STOPPED)

@@ -71,8 +71,9 @@ def sample(folder: str, policy: type[FixedDraft] | None = None, draft_token: int
     llm = LLM(folder, max_num_seqs=NUM_SAMPLES, max_num_batched_tokens=8192,
               decoding="standard" if policy is None else "ngram")
     if policy is not None:
-        llm.engine.decoding = policy(llm.engine.decoding.ctx)
-        llm.engine.decoding.draft_token = draft_token
+        core = llm.engine.core  # the engine core owns the policy (the offline engine drives it in-process)
+        core.decoding = policy(core.decoding.ctx)
+        core.decoding.draft_token = draft_token
     [output] = llm.generate([PROMPT], PARAMS, use_tqdm=False)
     return [[c.token_ids[i] for c in output.outputs] for i in range(PARAMS.max_tokens)], llm
 
