@@ -273,8 +273,15 @@ def quicken_triton_interpreter() -> None:
     original_patch, original_launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
     launch: dict[str, Any] = {"active": False, "patched": set()}
 
-    def languages(fn) -> set[int]:
-        return {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and (v is tl or v is tl.core)}
+    seen_languages: dict[int, frozenset[int]] = {}  # a function's globals dict -> the language modules in it
+
+    def languages(fn) -> frozenset[int]:
+        found = seen_languages.get(id(fn.__globals__))
+        if found is None:
+            found = frozenset(id(v) for v in fn.__globals__.values()
+                              if inspect.ismodule(v) and (v is tl or v is tl.core))
+            seen_languages[id(fn.__globals__)] = found
+        return found
 
     def patch_lang(fn):
         if launch["active"] and languages(fn) <= launch["patched"]:
@@ -291,6 +298,19 @@ def quicken_triton_interpreter() -> None:
         finally:
             launch["active"], launch["patched"] = False, set()
 
+    np_dtypes: dict[Any, Any] = {}  # Triton dtype -> numpy dtype (the original builds its table at every call)
+    original_np_dtype = interpreter._get_np_dtype
+
+    def get_np_dtype(tt_dtype):
+        try:
+            return np_dtypes[tt_dtype]
+        except KeyError:
+            np_dtypes[tt_dtype] = found = original_np_dtype(tt_dtype)
+            return found
+        except TypeError:  # not hashable: asked as it is
+            return original_np_dtype(tt_dtype)
+
     interpreter._patch_lang = patch_lang
+    interpreter._get_np_dtype = get_np_dtype
     interpreter.GridExecutor.__call__ = launch_kernel
     interpreter._infer_quickened = True
