@@ -39,6 +39,7 @@ def start_engine(folder: str, settings: dict[str, Any]):
     return llm, {
         "system": "infer",
         "attention": config.implementations["attention"],
+        "parallel": config.implementations["parallel"],
         "block_size": config.block_size,
         "kv_blocks": llm.engine.num_kv_blocks,
         "enforce_eager": bool(config.settings.enforce_eager),
