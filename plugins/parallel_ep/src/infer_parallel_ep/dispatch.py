@@ -68,7 +68,7 @@ class DispatchedExperts(nn.Module):
         # 1. counts: token rows sent to each rank, entries for each expert; every rank's, on every rank
         sent_rows = hits.sum(0)
         entries = torch.bincount(ids.reshape(-1).long(), minlength=layer.num_experts)
-        counts = comm.all_gather(torch.cat([sent_rows, entries]).unsqueeze(0), dim=0).cpu()
+        counts = comm.gather_rows(torch.cat([sent_rows, entries]).unsqueeze(0)).cpu()
         comm.load.add(counts, slices.num_tokens)
         send_sizes = counts[rank, :world].tolist()
         recv_sizes = counts[:, rank].tolist()

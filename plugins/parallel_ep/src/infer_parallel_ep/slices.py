@@ -89,7 +89,7 @@ class TokenSlices:
 
     def gather(self, mine: torch.Tensor) -> torch.Tensor:
         """Every rank's slice [rows, ...], as every token's [tokens, ...]."""
-        return self.communicator.all_gather(mine, dim=0)[: self.num_tokens]
+        return self.communicator.gather_rows(mine)[: self.num_tokens]
 
     def reduce_scatter(self, partial: torch.Tensor) -> torch.Tensor:
         """The sum over ranks of every token's ``partial`` [tokens, ...], this rank's slice of it [rows, ...]."""
