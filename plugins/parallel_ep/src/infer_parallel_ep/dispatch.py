@@ -16,7 +16,7 @@ residual and the norm on the slice), routes the slice's real rows (the layer's r
    deterministic reduction over a [ranks, rows, hidden] buffer, not atomic adds): this rank's slice of the
    layer's output, which stays a slice until the next layer's input norm all-gathers.
 
-The split sizes are read on the host (one sync per layer), so a CUDA graph cannot capture this: a step being
+The split sizes are read on the host (the layer's one sync), so a CUDA graph cannot capture this: a step being
 captured runs the layer as built instead (``slices.py``), and only eager steps dispatch.
 """
 
@@ -58,20 +58,25 @@ class DispatchedExperts(nn.Module):
         weights, ids = layer.select_experts(router_logits[:real])
         mine = x[:real]
 
-        # which ranks each token goes to, and the send order: rank by rank, tokens in order within a rank
+        # which ranks each token goes to, and the send order: rank by rank, tokens in order within a rank (a stable
+        # sort of the (rank, token) pairs that are sent first; the counts' one host read says how many there are)
         per_rank = layer.num_local_experts
         dest = ids.long() // per_rank
         hits = torch.zeros((real, world), dtype=torch.bool, device=x.device)
         hits.scatter_(1, dest, True)
-        to_rank, token = hits.t().nonzero(as_tuple=True)
+        order = torch.argsort(hits.t().reshape(-1).logical_not().to(torch.int8), stable=True)
 
         # 1. counts: token rows sent to each rank, entries for each expert; every rank's, on every rank
         sent_rows = hits.sum(0)
-        entries = torch.bincount(ids.reshape(-1).long(), minlength=layer.num_experts)
-        counts = comm.gather_rows(torch.cat([sent_rows, entries]).unsqueeze(0)).cpu()
+        flat_ids = ids.reshape(-1).long()
+        entries = torch.zeros(layer.num_experts, dtype=torch.int64, device=x.device)
+        entries.index_add_(0, flat_ids, torch.ones_like(flat_ids))
+        counts = comm.gather_rows(torch.cat([sent_rows, entries]).unsqueeze(0)).cpu()  # the layer's one host sync
         comm.load.add(counts, slices.num_tokens)
         send_sizes = counts[rank, :world].tolist()
         recv_sizes = counts[:, rank].tolist()
+        sent = order[: sum(send_sizes)]
+        to_rank, token = sent // max(real, 1), sent % max(real, 1)
 
         # 2. dispatch: the rows, then their weights and local expert ids (float32 holds ids below 2**24 exactly)
         local = ids[token].long() - (to_rank * per_rank).unsqueeze(1)
