@@ -3,10 +3,11 @@
 Each configuration runs in a process of its own, one after the other, so each has the GPUs to itself:
 
 - ``single``: the whole model on one GPU (CUDA graphs for decode);
-- ``ep2``: ``expert_parallel_size=2`` (64 whole experts a GPU, attention split over both, all-to-all dispatch
-  and combine; every step eager, see plugins/parallel_ep/README.md);
+- ``ep2``: ``expert_parallel_size=2`` (64 whole experts a GPU, attention split over both; eager steps on token
+  slices with all-to-all dispatch and combine, decode steps replayed from CUDA graphs of the all-reduce path, see
+  plugins/parallel_ep/README.md);
 - ``ep2-all-reduce``: the same experts, with ``expert_parallel_dispatch="all_reduce"`` (each GPU runs its experts
-  on every token, the partial sums all-reduced; decode steps replay CUDA graphs): what eager decode costs;
+  on every token, the partial sums all-reduced, in every step): what the slices and all-to-all change;
 - ``tp2``: ``tensor_parallel_size=2`` (every expert's intermediate size split over both; CUDA graphs).
 
 Two figures each, as ``benchmarks.tp`` measures them: batch-1 decode (a 128-token prompt, 256 new tokens,
@@ -42,8 +43,8 @@ CONFIG = Path(__file__).parent / "configs" / "Qwen3-30B-A3B" / "config.json"
 THROUGHPUT_TARGET = 1.5  # EP=2 offline throughput over one GPU's (issue 27)
 RUNS = {
     "single": {},
-    "ep2": {"expert_parallel_size": 2},  # all-to-all dispatch, every step eager
-    "ep2-all-reduce": {"expert_parallel_size": 2, "expert_parallel_dispatch": "all_reduce"},  # CUDA graphs for decode
+    "ep2": {"expert_parallel_size": 2},  # eager steps on slices, all-to-all dispatch
+    "ep2-all-reduce": {"expert_parallel_size": 2, "expert_parallel_dispatch": "all_reduce"},
     "tp2": {"tensor_parallel_size": 2},
 }
 

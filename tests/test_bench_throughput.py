@@ -201,16 +201,6 @@ def test_chat_workload_is_each_question_through_the_chat_template(tmp_path):
     assert (again.prompts, again.output_lens, again.temperature) == (workload.prompts, [7] * 32, 0.0)
 
 
-def test_shared_prefix_tokens_count_whole_blocks_of_each_prompts_longest_common_start():
-    from infer_core.bench.workload import OfflineWorkload
-
-    workload = OfflineWorkload([[1, 2, 3, 4, 5], [1, 2, 3, 4, 9], [7, 7], [1, 2, 3, 4, 5, 6]], [1] * 4)
-    assert workload.shared_prefix_tokens(2) == 4 + 0 + 4  # the 2nd shares 4 with the 1st, the 4th 5 (2 blocks)
-    assert workload.shared_prefix_tokens(4) == 4 + 0 + 4
-    assert workload.shared_prefix_tokens(8) == 0
-    assert offline_workload(16).shared_prefix_tokens(16) == 0  # random token ids share nothing
-
-
 def test_chat_workload_without_a_tokenizer_says_what_to_pass(tiny_folder):
     from infer_core.bench.chat_workload import chat_workload
     from infer_core.bench.config import BenchmarkError

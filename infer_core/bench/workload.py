@@ -40,22 +40,6 @@ class OfflineWorkload:
         """The first ``num_prompts`` requests (a subset for slow peers or small machines)."""
         return OfflineWorkload(self.prompts[:num_prompts], self.output_lens[:num_prompts], self.temperature)
 
-    def shared_prefix_tokens(self, block_size: int) -> int:
-        """Prompt tokens a prefix cache of ``block_size``-token blocks may serve from the workload itself: each
-        prompt's longest common prefix with an earlier one, in whole blocks (a chat template's shared start)."""
-        shared = 0
-        for i, prompt in enumerate(self.prompts):
-            longest = 0
-            for earlier in self.prompts[:i]:
-                n = 0
-                for a, b in zip(prompt, earlier):
-                    if a != b:
-                        break
-                    n += 1
-                longest = max(longest, n)
-            shared += longest // block_size * block_size
-        return shared
-
     def to_json(self) -> dict:
         """What a child process of ``infer bench`` (or a peer's interpreter) rebuilds the workload from."""
         return {"prompts": self.prompts, "output_lens": self.output_lens, "temperature": self.temperature}

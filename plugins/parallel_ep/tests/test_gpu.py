@@ -1,9 +1,10 @@
 """Expert parallelism on two GPUs (NCCL): EP=2 against one GPU, in float32, both dispatches.
 
 Run on a machine with two GPUs: ``python -m pytest -m gpu plugins/parallel_ep/tests``. Skipped elsewhere.
-The all-to-all dispatch runs every step eagerly (its split sizes are read on the host) and takes the grouped-GEMM
-kernels on what each GPU received; the all-reduce dispatch's decode steps replay CUDA graphs holding the NCCL
-all-reduce of the experts' partial sums.
+With the all-to-all dispatch the eager steps (prefills of up to 64 tokens) run on token slices: attention's output
+reduce-scattered over NCCL, the grouped-GEMM kernels on what each GPU received, the slices all-gathered; its decode
+steps, like the all-reduce dispatch's, replay CUDA graphs captured on the all-reduce path (the NCCL all-reduces of
+attention's output and of the experts' partial sums).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def _generate(folder, prompts, **settings):
     llm = LLM(str(folder), device="cuda", dtype="float32", max_model_len=1024, max_num_batched_tokens=64,
               gpu_memory_utilization=0.5, **settings)
     try:
+        assert llm.engine.executor.worker.runner.graphs is not None  # decode steps replay CUDA graphs, EP or not
         with LogitsRecorder(llm.engine) as recorder:
             outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
         return [o.outputs[0].token_ids for o in outputs], [recorder.logits[o.request_id][0] for o in outputs]

@@ -2,13 +2,14 @@
 
 One engine per case, each running one batch with the same schedule as the reference: a prompt longer than the
 token budget (chunked prefill) and two prompts sharing a prefix, the second admitted once the first has cached
-it (prefix-cache hits). Qwen3-MoE (16 experts, top-4, q/k norms) at EP=2 and EP=4, Mixtral (8 experts, top-2,
-renormalised) at EP=2 with the all-to-all dispatch (whose arithmetic does not depend on the architecture), and
-Qwen2-MoE (8 experts, a shared expert and a dense layer, q/k/v biases) at EP=2 with
-``expert_parallel_dispatch="all_reduce"``. Each engine start spawns N-1 interpreters, so the cases are few. The same run checks the load counters every rank keeps and
-their /metrics series, and that shutdown leaves nothing behind; in the Mixtral case a worker is killed after the
-checks instead, and the engine must report it dead within seconds (the lifecycle is the core's, shared with tp,
-whose suite covers the other deaths).
+it (prefix-cache hits). With the all-to-all dispatch (each rank's slice of the tokens between attentions):
+Qwen3-MoE (16 experts, top-4, q/k norms) at EP=2 and EP=4, and Qwen2-MoE (8 experts, a shared expert and a dense
+layer, both gathered from the slices; q/k/v biases) at EP=2; steps of 1 to 32 tokens, so slices are uneven and,
+at EP=4 in decode, some are all padding. Mixtral (8 experts, top-2, renormalised) at EP=2 with
+``expert_parallel_dispatch="all_reduce"``. Each engine start spawns N-1 interpreters, so the cases are few. The
+same run checks the load counters every rank keeps and their /metrics series, and that shutdown leaves nothing
+behind; in the Mixtral case a worker is killed after the checks instead, and the engine must report it dead
+within seconds (the lifecycle is the core's, shared with tp, whose suite covers the other deaths).
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ import pytest
 import torch
 import torch.distributed as dist
 from infer_core import LLM, SamplingParams
-from infer_core.server.metrics import ServerMetrics
 from infer_core.engine.engine_state import EngineSnapshot
 from infer_core.interfaces import EngineDeadError
+from infer_core.server.metrics import ServerMetrics
 from infer_core.testing import LogitsRecorder
+
+from infer_parallel_ep.slices import SlicedFinalNorm, SlicedInputNorm
 
 NUM_NEW_TOKENS = 6
 SHARED_PREFIX = 32
@@ -38,8 +41,8 @@ SETTINGS = {
     "num_kv_blocks": 32,
     "enable_prefix_caching": True,
 }
-CASES = [("qwen3_moe", 2, "all_to_all"), ("qwen3_moe", 4, "all_to_all"), ("mixtral", 2, "all_to_all"),
-         ("qwen2_moe", 2, "all_reduce")]
+CASES = [("qwen3_moe", 2, "all_to_all"), ("qwen3_moe", 4, "all_to_all"), ("qwen2_moe", 2, "all_to_all"),
+         ("mixtral", 2, "all_reduce")]
 KILLED = "mixtral"  # its case ends with a worker killed between steps
 DEADLINE_S = 10.0
 _reference: dict[str, tuple] = {}
@@ -109,9 +112,13 @@ def test_expert_parallel_matches_one_rank(tiny_checkpoint, assert_no_workers_lef
         assert llm.engine.config.implementations["parallel"] == "ep"
         assert len(llm.engine.executor.worker_pids) == world - 1
         tokens, logits, stats = _generate(llm)
+        model = llm.engine.executor.worker.runner.model
+        sliced = [m for m in model.modules() if isinstance(m, (SlicedInputNorm, SlicedFinalNorm))]
         if dispatch == "all_to_all":
+            assert len(sliced) == llm.engine.config.model.num_layers + 1  # every input norm and the final one
             _check_load(llm, world)
         else:  # the core's FusedMoE as built: each rank's experts on every token, partial sums all-reduced
+            assert sliced == []
             assert llm.engine.executor.parallel.communicator.describe()["num_dispatches"] == 0
             assert llm.engine.executor.metrics() == []
         if kind == KILLED:

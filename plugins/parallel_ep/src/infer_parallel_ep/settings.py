@@ -30,9 +30,11 @@ class EPSettings(PluginSettings):
     expert_parallel_dispatch: Literal["all_to_all", "all_reduce"] = Field(
         "all_to_all",
         title="how tokens meet their experts: all_to_all, all_reduce",
-        description="all_to_all = each rank routes its share of the step's tokens and sends each token to the ranks "
-                    "holding its experts (counts exchanged first, packed rows), the results come back the same way "
-                    "and the shares are all-gathered; the split sizes are read on the host, so every step runs "
-                    "eagerly. all_reduce = every rank runs its experts on every token it routed there and the "
-                    "partial sums are all-reduced: no host sync, so decode steps replay CUDA graphs; no load counts",
+        description="all_to_all = attention's output is reduce-scattered, so each rank holds its slice of the "
+                    "step's tokens until the next attention all-gathers them; each rank routes its slice and sends "
+                    "each token to the ranks holding its experts (counts exchanged first, packed rows), and the "
+                    "results come back the same way; the split sizes are read on the host, so steps captured into "
+                    "CUDA graphs (decode) run the all_reduce path. all_reduce = attention's output is all-reduced, "
+                    "every rank runs its experts on every token routed there and the partial sums are all-reduced, "
+                    "in every step; no load counts",
     )

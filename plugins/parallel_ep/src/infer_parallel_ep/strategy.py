@@ -2,8 +2,9 @@
 
 Each rank holds ``num_experts / N`` whole experts (the core's ``FusedMoE`` under ``ParallelContext.expert_parallel``);
 everything else splits as tensor parallelism splits it (attention heads, dense MLPs, a shared expert, the
-vocabulary), over the same ranks. After the weights load, ``prepare_model`` puts each experts layer behind the
-all-to-all dispatch and combine (``dispatch.py``). The ranks are the core's (``infer_core.distributed``): rank 0
+vocabulary), over the same ranks. After the weights load, ``prepare_model`` reduce-scatters attention's output so
+each rank holds its slice of the step's tokens up to the next attention (``slices.py``), and puts each experts
+layer behind the all-to-all dispatch and combine of that slice (``dispatch.py``). The ranks are the core's (``infer_core.distributed``): rank 0
 in the engine's process, the others spawned, with the same death and shutdown handling as ``tp``.
 """
 
@@ -59,19 +60,18 @@ def split_problems(ctx: RuntimeContext, world: int) -> list[str]:
 class ExpertParallelStrategy(ParallelStrategy):
     """N ranks, one per device: rank 0 in the engine's process, the others spawned.
 
-    With ``expert_parallel_dispatch="all_to_all"`` (the default) the dispatch reads each layer's split sizes on
-    the host, so no step can be captured and every step, decode too, runs eagerly; with ``"all_reduce"`` the core's
-    ``FusedMoE`` runs as built (each rank's experts on every token, partial sums all-reduced), which decode steps
-    replay as CUDA graphs.
+    With ``expert_parallel_dispatch="all_to_all"`` (the default) each rank holds its slice of the tokens between
+    attentions in every eager step, and the dispatch reads each layer's split sizes on the host; a step captured
+    into a CUDA graph runs the layers as built instead. With ``"all_reduce"`` every step runs the core's layers as
+    built (attention's output and each rank's experts' partial sums on every token all-reduced). Either way decode
+    steps replay CUDA graphs of the all-reduce path.
     """
 
     @property
     def dispatch(self) -> str:
         return EPSettings.of(self.ctx.settings).expert_parallel_dispatch
 
-    @property
-    def supports_cuda_graphs(self) -> bool:
-        return self.dispatch == "all_reduce"
+    supports_cuda_graphs = True  # with all_to_all, a captured step runs the layers as built (slices.py)
 
     @classmethod
     def validate(cls, ctx: RuntimeContext) -> list[str]:
@@ -107,10 +107,11 @@ class ExpertParallelStrategy(ParallelStrategy):
         return RankExecutor(engine_config, self.world_size, worker_factory, EP_GROUP)
 
     def prepare_model(self, model: Any, parallel: ParallelContext) -> None:
-        """Put every experts layer behind the all-to-all dispatch and combine (``dispatch.dispatch_experts``);
-        with ``expert_parallel_dispatch="all_reduce"``, leave the layers as built."""
+        """Hold each rank's slice of the step's tokens between attentions, the experts behind the all-to-all
+        dispatch and combine (``slices.slice_tokens``); with ``expert_parallel_dispatch="all_reduce"``, leave the
+        layers as built."""
         if self.dispatch == "all_reduce":
             return
-        from infer_parallel_ep.dispatch import dispatch_experts
+        from infer_parallel_ep.slices import slice_tokens
 
-        dispatch_experts(model, parallel.communicator)
+        slice_tokens(model, parallel.communicator)
