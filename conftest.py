@@ -9,7 +9,7 @@ passes it on to the processes its tests start: two workers of two threads each o
 more time spinning on each other than computing.
 
 Kernels interpreted on the CPU (``TRITON_INTERPRET=1``) skip the interpreter's repeated patching of
-``triton.language`` at every helper call (``infer_core.testing.quicken_triton_interpreter``).
+``triton.language`` at every helper call (``infer_core.testing_interpreter.quicken_triton_interpreter``).
 
 An engine left busy by a test file would keep the process's heap frozen (``runner/gc_policy.py``)
 for every file after it on that worker: each file must leave none.
@@ -31,7 +31,7 @@ def pytest_configure(config):
         threads = max(1, len(os.sched_getaffinity(0)) // num_workers)
         os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)
-    from infer_core.testing import quicken_triton_interpreter
+    from infer_core.testing_interpreter import quicken_triton_interpreter
 
     quicken_triton_interpreter()  # kernels interpreted in this process (tests/fused, the Triton plugins' suites)
 

@@ -195,7 +195,7 @@ def check_low_precision_matches_float(device: str, num_rows: int, vocab: int, ev
 
 
 if __name__ == "__main__":
-    from infer_core.testing import quicken_triton_interpreter
+    from infer_core.testing_interpreter import quicken_triton_interpreter
 
     quicken_triton_interpreter()
     name, *args = sys.argv[1:]

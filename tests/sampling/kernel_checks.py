@@ -233,7 +233,7 @@ def check_place_tokens(device: str, num_rows: int) -> None:
 
 
 if __name__ == "__main__":
-    from infer_core.testing import quicken_triton_interpreter
+    from infer_core.testing_interpreter import quicken_triton_interpreter
 
     quicken_triton_interpreter()
     name, *args = sys.argv[1:]
