@@ -1,0 +1,222 @@
+"""A draft model beside the target on one rank: its weights, its KV cache, and its proposals.
+
+A decoding policy that names a draft model (``DecodingPolicy.draft_model``) gets one per rank, built
+with the core's model classes and the target's attention backend, unquantized, in the target's dtype.
+Its proposals are its greedy tokens (a point-mass draft distribution, which the verify step's
+modified rejection sampling makes exact: ``runner/verify.py``).
+
+**Its KV cache mirrors the target's blocks.** It has the target's number of blocks, and the draft's
+K/V of a request's position lives at the slot the target's block table gives that position; one
+allocator (the scheduler's) serves both, so a request's draft KV is freed with it, and the memory
+profile counts a block as the target's bytes plus the draft's. Positions past the blocks the
+request holds when it drafts (its newest token and the drafts, whose blocks the scheduler allocates
+only when it schedules them) go to scratch blocks after the mirrored ones, a few per batch row.
+
+**What the draft has computed** is tracked per request (``_DraftState``): the positions written at
+mirrored slots with the request's tokens. Each proposal first feeds the tokens after that (a
+prompt's on the first proposal, one or a few otherwise: the accepted drafts whose K/V is already
+in place are not fed again), then drafts one token a forward. A preemption (its count changes)
+starts the request's draft KV over. So chunked prefill (a request drafts only once its whole prompt
+is computed), prefix-cache hits (the draft computes the prompt itself) and preemption never leave
+the draft reading K/V it did not write for the request's tokens; exactness never depends on it.
+The forwards run eagerly (no CUDA graphs for the draft).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+from infer_core.config import EngineConfig
+from infer_core.errors import ModelError
+from infer_core.interfaces import BatchMetadata, DraftRequest, ParallelContext
+from infer_core.loader import Catalog
+from infer_core.models.build import BuildContext
+from infer_core.models.source import read_model_config, resolve_model_source
+from infer_core.models.weights import load_model_weights
+from infer_core.runner.kv_cache import allocate_kv_caches, block_bytes
+from infer_core.runner.state import RequestTable
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _DraftState:
+    """Positions [0, base) of the draft's cache hold the request's tokens; [base, base + len(tail)) hold
+    ``tail`` (drafts fed last time, kept where the request accepted them)."""
+
+    num_preemptions: int
+    base: int = 0
+    tail: list[int] = field(default_factory=list)
+
+    def num_valid(self, tokens: list[int]) -> int:
+        valid = self.base
+        for token in self.tail:
+            if valid >= len(tokens) or tokens[valid] != token:
+                break
+            valid += 1
+        return min(valid, len(tokens) - 1)  # the newest token is always fed: its logits give draft 1
+
+
+def draft_model_for(config: EngineConfig, parallel: ParallelContext, device: torch.device, dtype: torch.dtype,
+                    catalog: Catalog) -> DraftModel | None:
+    """The draft model the chosen decoding policy names (None: it names none)."""
+    policy = catalog.load_class("decoding", config.implementations.get("decoding", "standard"))
+    folder = policy.draft_model(config.settings)
+    return DraftModel(folder, config, parallel, device, dtype, catalog) if folder else None
+
+
+class DraftModel:
+    def __init__(self, folder: str, config: EngineConfig, parallel: ParallelContext, device: torch.device,
+                 dtype: torch.dtype, catalog: Catalog) -> None:
+        self.source = resolve_model_source(folder)
+        self.model_config = read_model_config(self.source)
+        target = config.model
+        if self.model_config.vocab_size != target.vocab_size:
+            raise ModelError(f"the draft model {self.source.describe()} has a vocabulary of "
+                             f"{self.model_config.vocab_size} tokens, the target {config.source.describe()} one of "
+                             f"{target.vocab_size}; a draft must share the target's tokenizer")
+        self.config, self.parallel, self.device, self.dtype = config, parallel, device, dtype
+        self.block_size = config.block_size
+        self.ctx = replace(config.context, model=self.model_config)
+        self.attention = catalog.load_class("attention", config.implementations["attention"])(self.ctx)
+        self.quantizer = catalog.load_class("quantization", "none")(self.ctx)
+        self.model_class = catalog.load_class("model", self.model_config.architecture)
+        self.model: torch.nn.Module | None = None
+        self.kv_caches: list[torch.Tensor] = []
+        self.scratch_start = 0  # first scratch block (after the mirrored ones and the pad block)
+        # scratch blocks of one batch row: the newest token and up to 16 drafts past the request's blocks
+        self.scratch_per_row = -(-17 // self.block_size) + 1
+        self.states: dict[str, _DraftState] = {}
+
+    @property
+    def num_kv_heads(self) -> int:
+        return max(1, self.model_config.num_kv_heads // self.parallel.world_size)
+
+    def load(self, strategy) -> None:
+        load_format = self.config.load_format
+        if load_format != "dummy":
+            load_format = "gguf" if self.source.gguf_file else "safetensors"
+        build = BuildContext(self.model_config, self.parallel, self.quantizer, self.attention, self.dtype,
+                             self.config.max_model_len)
+        with torch.device(self.device):
+            model = self.model_class(build)
+        load_model_weights(model, self.source, self.model_config, load_format, self.config.settings.seed)
+        strategy.prepare_model(model, self.parallel)
+        self.model = model.eval()
+        logger.info("draft model %s (%s) loaded: %d layers", self.source.describe(), self.model_config.architecture,
+                    self.model_config.num_layers)
+
+    def bytes_per_block(self) -> int:
+        m = self.model_config
+        return block_bytes(m.num_layers, self.block_size, self.num_kv_heads, m.head_dim, self.dtype)
+
+    def reserved_bytes(self) -> int:
+        """The scratch blocks' bytes: held apart from the mirrored blocks the memory profile sizes."""
+        return self.config.settings.max_num_seqs * self.scratch_per_row * self.bytes_per_block()
+
+    def init_kv_cache(self, num_blocks: int) -> None:
+        """The mirrored blocks, the pad block (as the target's cache has) and the scratch blocks."""
+        m = self.model_config
+        self.scratch_start = num_blocks + 1
+        total = self.scratch_start + self.config.settings.max_num_seqs * self.scratch_per_row
+        self.kv_caches = allocate_kv_caches(m.num_layers, total, self.block_size, self.num_kv_heads, m.head_dim,
+                                            self.dtype, self.device)
+
+    def _forward(self, input_ids, positions, slots, query_lens, seq_lens, block_rows,
+                 logits_rows) -> torch.Tensor:
+        """One eager forward over requests [decode-only first]; the greedy token of each ``logits_rows``."""
+        num_reqs = len(query_lens)
+        query_start_loc = np.zeros(num_reqs + 1, dtype=np.int32)
+        np.cumsum(query_lens, out=query_start_loc[1:])
+        width = max(len(row) for row in block_rows)
+        tables = np.zeros((num_reqs, width), dtype=np.int32)
+        for i, row in enumerate(block_rows):
+            tables[i, :len(row)] = row
+        dev = self.device
+
+        def to_dev(a):
+            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(dev)
+
+        seq_lens = np.asarray(seq_lens, dtype=np.int32)
+        common = BatchMetadata(
+            num_reqs=num_reqs, num_tokens=len(slots), num_decode_only=int(np.count_nonzero(query_lens == 1)),
+            max_query_len=int(query_lens.max()), max_seq_len=int(seq_lens.max()), block_size=self.block_size,
+            query_start_loc=to_dev(query_start_loc), seq_lens=to_dev(seq_lens), block_tables=to_dev(tables),
+            slot_mapping=to_dev(slots), query_start_loc_cpu=torch.from_numpy(query_start_loc),
+            seq_lens_cpu=torch.from_numpy(seq_lens))
+        ids = input_ids if isinstance(input_ids, torch.Tensor) else to_dev(input_ids)
+        hidden = self.model(ids.to(torch.int32), to_dev(positions), self.kv_caches,
+                            self.attention.build_metadata(common))
+        logits = self.model.compute_logits(hidden.index_select(0, to_dev(logits_rows)))
+        return logits.argmax(dim=-1)
+
+    def _slots(self, blocks: list[int], scratch: list[int], positions: np.ndarray) -> np.ndarray:
+        table = np.asarray(blocks + scratch, dtype=np.int64)
+        index = positions // self.block_size
+        if index.size and index.max() >= len(table):
+            raise RuntimeError(f"a draft position {int(positions.max())} past the request's {len(blocks)} blocks "
+                               f"and {len(scratch)} scratch blocks; the runner and the scheduler disagree")
+        return table[index] * self.block_size + positions % self.block_size
+
+    @torch.inference_mode()
+    def propose(self, requests: list[DraftRequest], table: RequestTable) -> dict[str, list[int]]:
+        """Each request's greedy draft of ``num_tokens`` tokens (requests the runner does not hold: none)."""
+        for request_id in [r for r in self.states if r not in table]:
+            del self.states[request_id]
+        work = []
+        for r in requests:
+            held = table.get(r.request_id)
+            if held is None or r.num_tokens < 1 or len(r.token_ids) < 1:
+                continue
+            state = self.states.get(r.request_id)
+            if state is None or state.num_preemptions != r.num_preemptions:
+                state = self.states[r.request_id] = _DraftState(r.num_preemptions)
+            work.append((r, state, state.num_valid(r.token_ids), list(held.block_ids)))
+        if not work:
+            return {}
+        work.sort(key=lambda w: -w[0].num_tokens)  # draft order: the requests still drafting are a prefix
+        rows = len(work)
+        scratch = [list(range(self.scratch_start + i * self.scratch_per_row,
+                              self.scratch_start + (i + 1) * self.scratch_per_row)) for i in range(rows)]
+        # forward 1: each request's tokens from its first uncomputed one; decode-only requests first
+        order = sorted(range(rows), key=lambda i: len(work[i][0].token_ids) - work[i][2] != 1)
+        ids, pos, slots, qlens, slens, btabs = [], [], [], [], [], []
+        for i in order:
+            r, _, valid, blocks = work[i]
+            n = len(r.token_ids)
+            p = np.arange(valid, n, dtype=np.int64)
+            ids.append(np.asarray(r.token_ids[valid:], dtype=np.int64))
+            pos.append(p)
+            slots.append(self._slots(blocks, scratch[i], p))
+            qlens.append(n - valid)
+            slens.append(n)
+            btabs.append(blocks + scratch[i])
+        qlens = np.asarray(qlens)
+        last = np.cumsum(qlens) - 1
+        first = self._forward(np.concatenate(ids), np.concatenate(pos), np.concatenate(slots), qlens, slens, btabs,
+                              last)
+        inverse = np.empty(rows, dtype=np.int64)
+        inverse[np.asarray(order)] = np.arange(rows)
+        drafted = [first.index_select(0, torch.from_numpy(inverse).to(self.device))]
+        # forwards 2..k: one token per request still drafting, on the device from the forward before
+        max_k = work[0][0].num_tokens
+        for j in range(1, max_k):
+            active = sum(1 for w in work if w[0].num_tokens > j)
+            p = np.asarray([len(w[0].token_ids) - 1 + j for w in work[:active]], dtype=np.int64)
+            slots = np.concatenate([self._slots(w[3], scratch[i], p[i:i + 1]) for i, w in enumerate(work[:active])])
+            drafted.append(self._forward(drafted[-1][:active], p, slots, np.ones(active, dtype=np.int64), p + 1,
+                                         [w[3] + scratch[i] for i, w in enumerate(work[:active])],
+                                         np.arange(active)))
+        columns = [d.tolist() for d in drafted]
+        proposals = {}
+        for i, (r, state, _, blocks) in enumerate(work):
+            draft = [columns[j][i] for j in range(r.num_tokens)]
+            proposals[r.request_id] = draft
+            n, capacity = len(r.token_ids), len(blocks) * self.block_size
+            state.base = min(n, capacity)  # fed at mirrored slots: the request's tokens
+            state.tail = draft[:r.num_tokens - 1][:max(0, capacity - n)]  # drafts fed at mirrored slots
+        return proposals
