@@ -16,9 +16,12 @@ only when it schedules them) go to scratch blocks after the mirrored ones, a few
 mirrored slots with the request's tokens. Each proposal first feeds the tokens after that (a
 prompt's on the first proposal, one or a few otherwise: the accepted drafts whose K/V is already
 in place are not fed again), then drafts one token a forward. A preemption (its count changes)
-starts the request's draft KV over. So chunked prefill (a request drafts only once its whole prompt
-is computed), prefix-cache hits (the draft computes the prompt itself) and preemption never leave
-the draft reading K/V it did not write for the request's tokens; exactness never depends on it.
+starts the request's draft KV over. And per block, ``block_content`` records the token prefix
+(a chain hash up to the block's end) whose draft K/V a full block holds, dropped when the draft
+writes into the block again: a request starting (or resuming) over blocks that hold its own prefix
+(a prefix-cache hit on blocks the draft filled) skips them. So chunked prefill (a request drafts
+only once its whole prompt is computed), prefix-cache hits and preemption never leave the draft
+reading K/V it did not write for the request's tokens; exactness never depends on it anyway.
 The forwards run eagerly (no CUDA graphs for the draft).
 """
 
@@ -51,6 +54,7 @@ class _DraftState:
     num_preemptions: int
     base: int = 0
     tail: list[int] = field(default_factory=list)
+    hashes: list[int] = field(default_factory=list)  # [i]: the chain hash of the tokens up to block i's end
 
     def num_valid(self, tokens: list[int]) -> int:
         valid = self.base
@@ -91,6 +95,7 @@ class DraftModel:
         # scratch blocks of one batch row: the newest token and up to 16 drafts past the request's blocks
         self.scratch_per_row = -(-17 // self.block_size) + 1
         self.states: dict[str, _DraftState] = {}
+        self.block_content: dict[int, int] = {}  # block id -> chain hash of the prefix its draft K/V is of
 
     @property
     def num_kv_heads(self) -> int:
@@ -173,9 +178,13 @@ class DraftModel:
             if held is None or r.num_tokens < 1 or len(r.token_ids) < 1:
                 continue
             state = self.states.get(r.request_id)
+            blocks = list(held.block_ids)
             if state is None or state.num_preemptions != r.num_preemptions:
-                state = self.states[r.request_id] = _DraftState(r.num_preemptions)
-            work.append((r, state, state.num_valid(r.token_ids), list(held.block_ids)))
+                state = self.states[r.request_id] = self._start(r, blocks)
+            valid = state.num_valid(r.token_ids)
+            for block in blocks[valid // self.block_size:]:  # written again below: no longer a full prefix's
+                self.block_content.pop(block, None)
+            work.append((r, state, valid, blocks))
         if not work:
             return {}
         work.sort(key=lambda w: -w[0].num_tokens)  # draft order: the requests still drafting are a prefix
@@ -219,4 +228,27 @@ class DraftModel:
             n, capacity = len(r.token_ids), len(blocks) * self.block_size
             state.base = min(n, capacity)  # fed at mirrored slots: the request's tokens
             state.tail = draft[:r.num_tokens - 1][:max(0, capacity - n)]  # drafts fed at mirrored slots
+            self._record_full_blocks(state, r.token_ids, blocks)
         return proposals
+
+    def _chain(self, state: _DraftState, tokens: list[int], i: int) -> int:
+        previous = state.hashes[i - 1] if i else 0
+        return hash((previous, tuple(tokens[i * self.block_size:(i + 1) * self.block_size])))
+
+    def _start(self, r: DraftRequest, blocks: list[int]) -> _DraftState:
+        """A request's state when it first drafts (or after a preemption): the leading blocks that hold
+        the draft K/V of its own prefix count as computed."""
+        state = _DraftState(r.num_preemptions)
+        for i, block in enumerate(blocks[:(len(r.token_ids) - 1) // self.block_size]):
+            digest = self._chain(state, r.token_ids, i)
+            if self.block_content.get(block) != digest:
+                break
+            state.hashes.append(digest)
+        state.base = len(state.hashes) * self.block_size
+        return state
+
+    def _record_full_blocks(self, state: _DraftState, tokens: list[int], blocks: list[int]) -> None:
+        """Blocks the draft has filled with the request's tokens: their prefix, for later requests' hits."""
+        for i in range(len(state.hashes), state.base // self.block_size):
+            state.hashes.append(self._chain(state, tokens, i))
+            self.block_content[blocks[i]] = state.hashes[i]
