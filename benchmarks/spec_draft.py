@@ -6,7 +6,7 @@ on one engine with ``decoding="draft"`` and one request decoding greedily:
 - **verify step**: the wall time of ``Engine.step`` while the request verifies k drafts (k = 1..8; the
   drafts are fixed tokens, so the draft model does not run; a batch-1 verify replays the verify graph);
 - **draft step**: the wall time of one proposal of k tokens by the draft model (its catch-up over the
-  newest token, then k-1 more forwards; the draft runs eagerly);
+  newest token, then k-1 more forwards; one-token forwards replay the draft's CUDA graphs);
 - **end to end**: output tokens per second of ``generate`` with the draft policy at ``--k``, at the
   acceptance the dummy weights give, and of a plain engine (``decoding="standard"``, overlapped
   scheduling on) in the same process, after the draft engine is shut down.
@@ -201,7 +201,7 @@ def main() -> None:
     settings = {"target": Path(args.target).name, "draft": Path(args.draft).name, "load_format": args.load_format,
                 "batch": 1, "greedy": True, "prompt_len": 128, "new_tokens": args.new_tokens, "repeats": args.repeats,
                 "k": args.k, "k_max": args.k_max, "steps": args.steps, "device": args.device,
-                "draft_cuda_graphs": False}
+                "draft_cuda_graphs": "decode steps of up to 8 requests"}
     results = [{"kind": "verify_step_ms", **{str(k): v for k, v in verify.items()}},
                {"kind": "draft_proposal_ms", **{str(k): v for k, v in draft.items()},
                 "one_more_draft_forward_ms": draft_forward_ms},

@@ -22,7 +22,11 @@ writes into the block again: a request starting (or resuming) over blocks that h
 (a prefix-cache hit on blocks the draft filled) skips them. So chunked prefill (a request drafts
 only once its whole prompt is computed), prefix-cache hits and preemption never leave the draft
 reading K/V it did not write for the request's tokens; exactness never depends on it anyway.
-The forwards run eagerly (no CUDA graphs for the draft).
+
+A forward of one-token requests (a decode step of up to ``GRAPH_SIZES[-1]`` requests) replays a CUDA
+graph where the target's runner captures them (the core's ``CudaGraphRunner`` over the draft's own
+step buffers, with each size's greedy argmax); any other forward (a catch-up over several tokens)
+runs eagerly.
 """
 
 from __future__ import annotations
@@ -40,10 +44,15 @@ from infer_core.loader import Catalog
 from infer_core.models.build import BuildContext
 from infer_core.models.source import read_model_config, resolve_model_source
 from infer_core.models.weights import load_model_weights
+from infer_core.layers.sampler import greedy_argmax
+from infer_core.runner.cuda_graphs import CudaGraphRunner
+from infer_core.runner.inputs import StepBuffers
 from infer_core.runner.kv_cache import allocate_kv_caches, block_bytes
 from infer_core.runner.state import RequestTable
 
 logger = logging.getLogger(__name__)
+
+GRAPH_SIZES = (1, 2, 4, 8)  # decode batch sizes of the draft's CUDA graphs (batch 1 is where users wait)
 
 
 @dataclass(slots=True)
@@ -85,21 +94,19 @@ class DraftModel:
                              f"{target.vocab_size}; a draft must share the target's tokenizer")
         self.config, self.parallel, self.device, self.dtype = config, parallel, device, dtype
         self.block_size = config.block_size
+        self.num_kv_heads = max(1, self.model_config.num_kv_heads // parallel.world_size)  # on this rank
         self.ctx = replace(config.context, model=self.model_config)
         self.attention = catalog.load_class("attention", config.implementations["attention"])(self.ctx)
         self.quantizer = catalog.load_class("quantization", "none")(self.ctx)
         self.model_class = catalog.load_class("model", self.model_config.architecture)
         self.model: torch.nn.Module | None = None
         self.kv_caches: list[torch.Tensor] = []
+        self.graphs: CudaGraphRunner | None = None
         self.scratch_start = 0  # first scratch block (after the mirrored ones and the pad block)
         # scratch blocks of one batch row: the newest token and up to 16 drafts past the request's blocks
         self.scratch_per_row = -(-17 // self.block_size) + 1
         self.states: dict[str, _DraftState] = {}
         self.block_content: dict[int, int] = {}  # block id -> chain hash of the prefix its draft K/V is of
-
-    @property
-    def num_kv_heads(self) -> int:
-        return max(1, self.model_config.num_kv_heads // self.parallel.world_size)
 
     def load(self, strategy) -> None:
         load_format = self.config.load_format
@@ -123,28 +130,66 @@ class DraftModel:
         """The scratch blocks' bytes: held apart from the mirrored blocks the memory profile sizes."""
         return self.config.settings.max_num_seqs * self.scratch_per_row * self.bytes_per_block()
 
-    def init_kv_cache(self, num_blocks: int) -> None:
-        """The mirrored blocks, the pad block (as the target's cache has) and the scratch blocks."""
-        m = self.model_config
+    def init_kv_cache(self, num_blocks: int, cuda_graphs: bool) -> None:
+        """The mirrored blocks, the pad block (``num_blocks``: graph padding writes there) and the scratch
+        blocks; then, with ``cuda_graphs``, the decode graphs."""
+        m, max_num_seqs = self.model_config, self.config.settings.max_num_seqs
         self.scratch_start = num_blocks + 1
-        total = self.scratch_start + self.config.settings.max_num_seqs * self.scratch_per_row
+        total = self.scratch_start + max_num_seqs * self.scratch_per_row
         self.kv_caches = allocate_kv_caches(m.num_layers, total, self.block_size, self.num_kv_heads, m.head_dim,
                                             self.dtype, self.device)
+        if cuda_graphs:
+            sizes = [size for size in GRAPH_SIZES if size <= max_num_seqs]
+            max_len = self.config.max_model_len + 17  # drafts may run past max_model_len before the scheduler trims
+            buffers = StepBuffers(sizes[-1], sizes[-1], -(-max_len // self.block_size) + self.scratch_per_row,
+                                  self.device, pad_block=num_blocks)
+            self.graphs = CudaGraphRunner(buffers, self.block_size, max_len, sizes)
+            with torch.inference_mode():
+                self.graphs.capture(self.attention.build_metadata, self._logits, None, greedy_argmax)
+
+    def _logits(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata) -> torch.Tensor:
+        return self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, metadata))
+
+    def _replay(self, input_ids, positions, slots, seq_lens, block_rows) -> torch.Tensor | None:
+        """A decode step of one-token requests in its graph: each row's greedy token (None: no graph holds it)."""
+        rows = len(slots)
+        size = self.graphs.padded_size(rows)
+        if size is None:
+            return None
+        b = self.graphs.buffers
+        b.wait_for_previous_copy()
+        h = b.host
+        h["positions"][:rows], h["slot_mapping"][:rows], h["seq_lens"][:rows] = positions, slots, seq_lens
+        h["query_start_loc"][: rows + 1] = np.arange(rows + 1)
+        for i, row in enumerate(block_rows):
+            b.block_tables_np[i, :len(row)] = row
+        on_device = isinstance(input_ids, torch.Tensor)
+        if not on_device:
+            h["input_ids"][:rows] = input_ids
+        b.fill_padding(rows, size, rows, size, self.block_size)
+        h["decode_order"][:size] = np.argsort(-h["seq_lens"][:size], kind="stable")
+        b.copy_to_device(size, b.max_blocks_per_req)
+        if on_device:  # after the host buffers' copy, which also writes input_ids
+            b.dev["input_ids"][:rows].copy_(input_ids)
+        self.graphs.replay(size)
+        return self.graphs.replay_argmax(size)[:rows].clone()  # the graph's buffer: rewritten by its next replay
 
     def _forward(self, input_ids, positions, slots, query_lens, seq_lens, block_rows,
                  logits_rows) -> torch.Tensor:
-        """One eager forward over requests [decode-only first]; the greedy token of each ``logits_rows``."""
+        """One forward over requests [decode-only first]; the greedy token of each ``logits_rows``."""
         num_reqs = len(query_lens)
+        if self.graphs is not None and len(slots) == num_reqs:  # one token each: a decode graph may hold it
+            greedy = self._replay(input_ids, positions, slots, seq_lens, block_rows)
+            if greedy is not None:
+                return greedy
         query_start_loc = np.zeros(num_reqs + 1, dtype=np.int32)
         np.cumsum(query_lens, out=query_start_loc[1:])
         width = max(len(row) for row in block_rows)
         tables = np.zeros((num_reqs, width), dtype=np.int32)
         for i, row in enumerate(block_rows):
             tables[i, :len(row)] = row
-        dev = self.device
-
         def to_dev(a):
-            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(dev)
+            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(self.device)
 
         seq_lens = np.asarray(seq_lens, dtype=np.int32)
         common = BatchMetadata(

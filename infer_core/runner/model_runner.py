@@ -141,7 +141,7 @@ class ModelRunner:
         self.kv_caches = allocate_kv_caches(m.num_layers, num_blocks + 1, self.config.block_size, self.num_kv_heads,
                                             m.head_dim, self.dtype, self.device)
         if self.draft is not None:
-            self.draft.init_kv_cache(num_blocks)
+            self.draft.init_kv_cache(num_blocks, self.uses_cuda_graphs())
         max_num_tokens = max(s.max_num_batched_tokens, s.max_num_seqs)
         self.buffers = StepBuffers(max_num_tokens, s.max_num_seqs, self.max_blocks_per_req, self.device,
                                    pad_block=num_blocks)
