@@ -77,3 +77,15 @@ def test_a_draft_with_another_vocabulary_is_refused(target, tiny_checkpoint):
     assert other in str(error.value) and target in str(error.value)
     with pytest.raises(PluginError, match="INFER_SPECULATIVE_MODEL"):
         LLM(target, decoding="draft")
+
+
+def test_the_kv_budget_counts_the_draft_cache(target, draft):
+    """A block costs the target's bytes plus the draft's, and the draft's scratch blocks come out of the budget."""
+    settings = dict(block_size=16, kv_cache_gb=2**-10, max_num_seqs=4, max_model_len=512)  # 1 MiB: < what 4 could use
+    plain = LLM(target, **settings).engine.num_kv_blocks
+    runner = LLM(target, decoding="draft", speculative_model=draft, **settings).engine.executor.worker.runner
+    target_bytes, draft_bytes = 2 * 2 * 16 * 2 * 32 * 4, 1 * 2 * 16 * 2 * 32 * 4  # layers, K+V, tokens, heads, dim, fp32
+    assert plain == 2**20 // target_bytes
+    scratch = -(-4 * runner.draft.scratch_per_row * draft_bytes // (target_bytes + draft_bytes))
+    assert runner.draft.scratch_start - 1 == 2**20 // (target_bytes + draft_bytes) - scratch
+    assert runner.draft.kv_caches[0].shape[1] == runner.draft.scratch_start + 4 * runner.draft.scratch_per_row
