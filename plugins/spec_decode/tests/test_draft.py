@@ -11,6 +11,7 @@ import pytest
 from infer_core import LLM, SamplingParams
 from infer_core.bench.engine_runs import speculative_figures
 from infer_core.interfaces import PluginError
+from infer_core.testing import write_word_tokenizer
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 
@@ -77,6 +78,14 @@ def test_a_draft_with_another_vocabulary_is_refused(target, tiny_checkpoint):
     assert other in str(error.value) and target in str(error.value)
     with pytest.raises(PluginError, match="INFER_SPECULATIVE_MODEL"):
         LLM(target, decoding="draft")
+    # the same vocabulary size, another tokenizer: refused by tokenizer.json
+    worded = tiny_checkpoint("qwen3", num_hidden_layers=1, seed=3)
+    write_word_tokenizer(worded)
+    renamed = tiny_checkpoint("qwen3", num_hidden_layers=1, seed=4)
+    write_word_tokenizer(renamed, vocab_size=383)
+    with pytest.raises(PluginError, match="different tokenizers") as error:
+        LLM(str(worded), decoding="draft", speculative_model=str(renamed))
+    assert str(worded) in str(error.value) and str(renamed) in str(error.value)
 
 
 def test_the_kv_budget_counts_the_draft_cache(target, draft):
