@@ -89,6 +89,7 @@ class EngineCore:
             self.executor.init_kv_cache(num_blocks)
             self.num_kv_blocks = num_blocks
             self.decoding = spec.chosen["decoding"].load()(spec.context)
+            self.decoding.bind(self.executor)  # a policy with a draft model proposes through the executor
             allocator = spec.chosen["kv_allocator"].load()(num_blocks, config.block_size,
                                                            settings.enable_prefix_caching)
             scheduler_config = SchedulerConfig(settings.max_num_seqs, settings.max_num_batched_tokens,

@@ -8,7 +8,7 @@ implementation) needs no other core module for them.
 from infer_core.errors import EngineDeadError, PluginError, RequestError
 from infer_core.interfaces.attention import AttentionBackend, AttentionCapabilities, AttentionLayer, BatchMetadata
 from infer_core.interfaces.context import RuntimeComponent, RuntimeContext
-from infer_core.interfaces.decoding import DecodingPolicy, SpecDecodingStats
+from infer_core.interfaces.decoding import DecodingPolicy, DraftRequest, SpecDecodingStats
 from infer_core.interfaces.kv import KVAllocator, KVStats, PrefixHit
 from infer_core.interfaces.parallel import (
     Communicator,
@@ -45,6 +45,7 @@ __all__ = [
     "CachedRequestData",
     "Communicator",
     "DecodingPolicy",
+    "DraftRequest",
     "EngineDeadError",
     "Executor",
     "KVAllocator",

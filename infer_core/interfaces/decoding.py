@@ -6,6 +6,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 from infer_core.interfaces.context import RuntimeComponent
 from infer_core.interfaces.request import Request
 from infer_core.interfaces.scheduling import RunnerOutput, SchedulerOutput
@@ -31,6 +33,23 @@ class SpecDecodingStats:
         return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
 
 
+if TYPE_CHECKING:
+    from infer_core.interfaces.parallel import Executor
+    from infer_core.settings import EngineSettings
+
+
+@dataclass(frozen=True, slots=True)
+class DraftRequest:
+    """One request a draft model proposes for: its tokens (prompt and output, the newest last, not yet
+    computed by the target) and how many tokens to draft. ``num_preemptions`` tells the draft's cache
+    that the request's blocks were given up since it last drafted (its draft KV is then recomputed)."""
+
+    request_id: str
+    token_ids: list[int]
+    num_tokens: int  # drafts wanted, >= 1
+    num_preemptions: int = 0
+
+
 class DecodingPolicy(RuntimeComponent, ABC):
     """``standard`` samples one token per step; a speculative policy drafts k and verifies k+1."""
 
@@ -38,6 +57,17 @@ class DecodingPolicy(RuntimeComponent, ABC):
     def num_speculative_tokens(self) -> int:
         """Draft tokens a decode step may carry (KV slots the scheduler must reserve for them)."""
         return 0
+
+    @classmethod
+    def draft_model(cls, settings: EngineSettings) -> str | None:
+        """The folder of a draft model every rank's runner loads beside the target (its KV cache in the
+        target's blocks, counted in the memory profile), or None. A policy with one drafts through
+        ``executor.collective_rpc("propose_drafts", [DraftRequest, ...])``, which answers, per rank,
+        {request_id: draft tokens} (the draft's greedy tokens: a point-mass draft distribution)."""
+        return None
+
+    def bind(self, executor: Executor) -> None:
+        """Called once the ranks are started and their KV caches allocated, before the first step."""
 
     def propose(self, requests: Sequence[Request]) -> dict[str, list[int]]:
         """Draft tokens per running request for the next step (none by default)."""

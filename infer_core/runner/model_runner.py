@@ -41,6 +41,7 @@ from infer_core.runner.cuda_graphs import (
     graph_for,
     prefill_capture_sizes,
 )
+from infer_core.runner.draft_model import draft_model_for
 from infer_core.runner.inputs import StepBuffers, StepInputs, build_step_inputs
 from infer_core.runner.kv_cache import allocate_kv_caches, block_bytes
 from infer_core.runner.sampling_inputs import build_sampling_batch, to_device
@@ -79,6 +80,7 @@ class ModelRunner:
         self.strategy = catalog.load_class("parallel", names["parallel"])(self.ctx)
         self.model_class = catalog.load_class("model", config.model.architecture)
         self.model: torch.nn.Module | None = None
+        self.draft = draft_model_for(config, parallel, device, self.dtype, catalog)  # the policy's draft model, if any
         self.kv_caches: list[torch.Tensor] = []
         settings = config.settings
         if device.type == "cpu":
@@ -115,16 +117,21 @@ class ModelRunner:
                            self.config.settings.seed)
         self.strategy.prepare_model(model, self.parallel)
         self.model = model.eval()
+        if self.draft is not None:
+            self.draft.load(self.strategy)
         logger.info("model %s loaded on %s (%s, %s) in %.1f s", self.config.model.architecture, self.device,
                     self.config.dtype, self.config.load_format, time.perf_counter() - start)
 
     def bytes_per_block(self) -> int:
         m = self.config.model
-        return block_bytes(m.num_layers, self.config.block_size, self.num_kv_heads, m.head_dim, self.dtype)
+        draft = self.draft.bytes_per_block() if self.draft is not None else 0  # its cache mirrors the blocks
+        return block_bytes(m.num_layers, self.config.block_size, self.num_kv_heads, m.head_dim, self.dtype) + draft
 
     def profile_num_blocks(self) -> int:
         """KV blocks that fit on this rank (after a max-size dummy step on CUDA: runner/warmup.py)."""
-        return profile_num_blocks(self)
+        if self.draft is None:
+            return profile_num_blocks(self)
+        return max(0, profile_num_blocks(self) - -(-self.draft.reserved_bytes() // self.bytes_per_block()))
 
     def init_kv_cache(self, num_blocks: int) -> None:
         """Allocate ``num_blocks`` KV blocks (plus the pad block padded graph rows write to), the
@@ -133,6 +140,8 @@ class ModelRunner:
         logger.info("allocating the KV cache: %d blocks…", num_blocks)
         self.kv_caches = allocate_kv_caches(m.num_layers, num_blocks + 1, self.config.block_size, self.num_kv_heads,
                                             m.head_dim, self.dtype, self.device)
+        if self.draft is not None:
+            self.draft.init_kv_cache(num_blocks, self.uses_cuda_graphs())
         max_num_tokens = max(s.max_num_batched_tokens, s.max_num_seqs)
         self.buffers = StepBuffers(max_num_tokens, s.max_num_seqs, self.max_blocks_per_req, self.device,
                                    pad_block=num_blocks)

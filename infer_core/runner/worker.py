@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from infer_core.config import EngineConfig
-from infer_core.interfaces import ParallelContext, PendingOutput, RunnerOutput, SchedulerOutput
+from infer_core.interfaces import DraftRequest, ParallelContext, PendingOutput, RunnerOutput, SchedulerOutput
 from infer_core.loader import load_catalog
 from infer_core.runner.gc_policy import STEP_LOOP_GC
 from infer_core.runner.model_runner import ModelRunner
@@ -48,6 +48,10 @@ class Worker:
     def execute_async(self, output: SchedulerOutput) -> PendingOutput:
         return self.runner.execute_async(output)
 
+    def propose_drafts(self, requests: list[DraftRequest]) -> dict[str, list[int]]:
+        """The draft model's proposals (``DecodingPolicy.draft_model``), from the requests' tokens and blocks."""
+        return self.runner.draft.propose(requests, self.runner.requests)
+
     def set_return_logits(self, enabled: bool) -> None:
         """Attach the logits of sampled positions to every RunnerOutput (accuracy checks)."""
         self.runner.return_logits = enabled
@@ -68,4 +72,4 @@ class Worker:
                 entry.graph.reset()
             self.runner.graphs = None
         self.runner.kv_caches = []
-        self.runner.model = None
+        self.runner.model = self.runner.draft = None

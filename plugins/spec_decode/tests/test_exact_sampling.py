@@ -17,6 +17,7 @@ import torch
 
 from infer_core import LLM, SamplingParams
 
+from infer_spec_decode.draft_policy import DraftDecoding
 from infer_spec_decode.ngram_policy import NgramDecoding
 
 NUM_SAMPLES = 2400
@@ -53,9 +54,17 @@ class OverAccepting(FixedDraft):
         return super()._uniform(request_id, j) ** 2
 
 
+class OverAcceptingDraft(DraftDecoding):
+    """The draft model's proposals, kept by the same wrong rule."""
+
+    def _uniform(self, request_id: str, j: int) -> float:
+        return super()._uniform(request_id, j) ** 2
+
+
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    """Thousands of tiny per-request attention calls: threads would only wait on each other."""
+    """Thousands of tiny per-request attention calls: threads would only wait on each other (on a loaded
+    machine, for milliseconds a call). ``sample`` sets it again: a runner starts on one thread per core."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -67,12 +76,17 @@ def folder(tiny_checkpoint):
     return str(tiny_checkpoint("qwen3", initializer_range=0.4))  # peaked: a few tokens carry most of the mass
 
 
-def sample(folder: str, policy: type[FixedDraft] | None = None, draft_token: int = 0) -> tuple[list[list[int]], LLM]:
+def sample(folder: str, policy: type | None = None, draft_token: int = 0) -> tuple[list[list[int]], LLM]:
+    """Completions' tokens by position; with ``policy`` a subclass of DraftDecoding, the target drafts for itself."""
+    drafting = policy is not None and issubclass(policy, DraftDecoding)
     llm = LLM(folder, max_num_seqs=NUM_SAMPLES, max_num_batched_tokens=8192,
-              decoding="standard" if policy is None else "ngram")
+              decoding="standard" if policy is None else "draft" if drafting else "ngram",
+              **({"speculative_model": folder, "num_speculative_tokens": 2} if drafting else {}))
+    torch.set_num_threads(1)  # see one_thread
     if policy is not None:
         core = llm.engine.core  # the engine core owns the policy (the offline engine drives it in-process)
         core.decoding = policy(core.decoding.ctx)
+        core.decoding.bind(core.executor)
         core.decoding.draft_token = draft_token
     [output] = llm.generate([PROMPT], PARAMS, use_tqdm=False)
     return [[c.token_ids[i] for c in output.outputs] for i in range(PARAMS.max_tokens)], llm
@@ -99,8 +113,21 @@ def test_a_wrong_acceptance_rule_is_caught(folder, plain):
     assert chi_square_p_value(samples[1], plain_samples[1]) < 1e-4
 
 
+def test_draft_model_sampling_has_the_plain_distribution(folder, plain):
+    """The target as its own draft: its greedy token proposed at positions 1 and 2, accepted with p(token)."""
+    plain_samples, _ = plain
+    samples, llm = sample(folder, DraftDecoding)
+    stats = llm.engine.decoding.stats()
+    assert stats.num_drafts >= NUM_SAMPLES and 0.2 < stats.acceptance_rate < 0.9  # accepts and rejects
+    for position in (1, 2):
+        assert chi_square_p_value(samples[position], plain_samples[position]) > 0.01
+    samples, _ = sample(folder, OverAcceptingDraft)
+    assert chi_square_p_value(samples[1], plain_samples[1]) < 1e-4
+
+
 def test_seeded_requests_are_reproducible_alone_or_batched(tiny_checkpoint):
     llm = LLM(str(tiny_checkpoint("qwen3")), decoding="ngram", num_speculative_tokens=3, prompt_lookup_min=1)
+    torch.set_num_threads(1)  # see one_thread
     params = [SamplingParams(temperature=0.8, top_p=0.9, min_p=0.02, presence_penalty=0.3, max_tokens=24,
                              ignore_eos=True, seed=seed) for seed in range(6)]
     prompts = [[5, 6, 7, 8] * 6, [9, 10, 11] * 7, [5, 6, 7, 8] * 6] * 2

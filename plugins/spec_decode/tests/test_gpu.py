@@ -38,3 +38,39 @@ def test_batch_one_verify_steps_replay_the_verify_graph(tiny_checkpoint):
     assert graphed == eager
     assert stats.num_drafts == eager_stats.num_drafts and len(replayed) == stats.num_drafts > 0
     assert set(replayed) == {16}
+
+
+@pytest.mark.gpu
+def test_a_draft_model_on_the_gpu_gives_plain_greedy_tokens(tiny_checkpoint):
+    """The draft's decode forwards replay its CUDA graphs beside a graphed target (float32: argmax ties of
+    bfloat16 aside); the output is the plain output, and an identical draft is all but always accepted."""
+    pytest.importorskip("infer_attention_triton")
+    folder = str(tiny_checkpoint("qwen3"))
+    rng = random.Random(7)
+    prompts = [[rng.randrange(3, 30) for _ in range(n)] for n in (40, 90, 12)]
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    settings = dict(attention="triton", dtype="float32", max_model_len=512, max_num_seqs=8, gpu_memory_utilization=0.3)
+
+    def run(**extra):
+        llm = LLM(folder, **settings, **extra)
+        draft = llm.engine.executor.worker.runner.draft
+        replays: list[int] = []
+        if draft is not None:
+            replay = draft.graphs.replay
+            draft.graphs.replay = lambda size: replays.append(size) or replay(size)
+        try:
+            batched = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+            alone = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]  # batch 1
+            return batched, alone, llm.engine.decoding.stats(), replays
+        finally:
+            llm.shutdown()
+            torch.cuda.empty_cache()
+
+    plain, plain_alone, _, _ = run()
+    assert plain_alone == plain
+    for draft in (str(tiny_checkpoint("qwen3", num_hidden_layers=1)), folder):
+        batched, alone, stats, replays = run(decoding="draft", speculative_model=draft, num_speculative_tokens=4)
+        assert batched == plain and alone == plain
+        assert stats.num_drafts > 0 and 1 in replays  # batch-1 draft forwards replayed a graph
+        if draft == folder:
+            assert stats.acceptance_rate > 0.9

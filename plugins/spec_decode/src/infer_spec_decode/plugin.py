@@ -1,4 +1,4 @@
-"""Registers the ``ngram`` decoding policy and the plugin's settings; importing this module imports neither
+"""Registers the ``ngram`` and ``draft`` decoding policies and the plugin's settings; importing this module imports neither
 torch nor the policy (``settings`` needs pydantic only)."""
 
 from __future__ import annotations
@@ -16,3 +16,4 @@ def register_settings(register):
 @hookimpl
 def register_decoding_policies(register):
     register("ngram", "infer_spec_decode.ngram_policy:NgramDecoding", aliases=("prompt_lookup",))
+    register("draft", "infer_spec_decode.draft_policy:DraftDecoding", aliases=("draft_model",))

@@ -13,13 +13,13 @@ from pydantic import Field, ValidationInfo, field_validator
 
 
 class SpecDecodeSettings(PluginSettings):
-    """How many tokens a request drafts a step, and how the prompt-lookup proposer finds them."""
+    """How many tokens a request drafts a step, how the prompt-lookup proposer finds them, and the draft model."""
 
     section = "speculative decoding"
 
     num_speculative_tokens: int = Field(
         4, ge=1, le=16, title="draft tokens a step, at most",
-        description="with decoding=ngram: the most draft tokens a request proposes for one step; the target "
+        description="with decoding=ngram or draft: the most draft tokens a request proposes for one step; the target "
                     "verifies them and samples one more in the same forward pass. A request whose drafts keep "
                     "failing proposes fewer, down to none for a while",
     )
@@ -32,6 +32,13 @@ class SpecDecodeSettings(PluginSettings):
         2, ge=1, le=32, title="shortest n-gram the proposer matches",
         description="with decoding=ngram: the shortest suffix looked up; no match of at least this many tokens "
                     "means no draft (a plain decode step)",
+    )
+
+    speculative_model: str | None = Field(
+        None, title="draft model folder",
+        description="with decoding=draft: a smaller model's checkpoint folder (or .gguf) with the target's tokenizer; "
+                    "it runs beside the target on the same device, its KV cache in the target's blocks, and proposes "
+                    "its greedy tokens",
     )
 
     @field_validator("prompt_lookup_min")
