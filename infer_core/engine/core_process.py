@@ -76,7 +76,7 @@ def _start(settings: EngineSettings, outbox: Outbox) -> EngineCore | None:
         tokenizer = load_engine_tokenizer(spec)
         logger.info("tokenizer loaded in %.1f s", time.perf_counter() - start)
         outbox.put(CoreStarted(spec.config, spec.chosen, tokenizer))
-        core = EngineCore(spec, tokenizer_eos(tokenizer))
+        core = EngineCore(spec, tokenizer_eos(tokenizer), tokenizer)
     except BaseException as e:  # report; the server logs it and answers 503
         logger.exception("the engine failed to load")
         outbox.put(CoreFailed(f"{type(e).__name__}: {e}"))
@@ -118,7 +118,8 @@ class CoreLoop:
                 self._send([], [], [], [], [])
             core.executor.check_health()
             if core.has_unfinished_requests():
-                self._send(*encode_updates(core.step()))
+                updates = core.step()
+                self._send(*encode_updates(updates), prompt_logprobs=core.take_prompt_logprobs() or None)
             self.stats.poll()
 
     def _take_commands(self, block: bool) -> bool:
@@ -155,9 +156,11 @@ class CoreLoop:
         self.changed = True
         return True
 
-    def _send(self, ids: list, tokens: list, ended: list, first: list, logprobs: list) -> None:
+    def _send(self, ids: list, tokens: list, ended: list, first: list, logprobs: list,
+              prompt_logprobs: dict | None = None) -> None:
         core = self.core
         counters = CoreCounters.of(core.stats(), core.counters.prompt_tokens, core.counters.generation_tokens)
-        self.outbox.put(CoreStep(ids, tokens, ended, first, logprobs, self.admitted, self.refused, counters))
+        self.outbox.put(CoreStep(ids, tokens, ended, first, logprobs, self.admitted, self.refused, counters,
+                                 prompt_logprobs))
         if self.changed:
             self.admitted, self.refused, self.changed = [], [], False
