@@ -80,7 +80,7 @@ def did_you_mean(name: str, known: typing.Iterable[str]) -> str | None:
 def _check_names(model: type[BaseModel], data: Any, path: tuple[str, ...]) -> None:
     if not isinstance(data, dict):
         return
-    fields = model.model_fields
+    fields = _names(model)
     for key in data:
         if (key in fields or key in OTHER_API_FIELDS or (not path and key in OWN_FIELDS | REFUSED)
                 or not isinstance(key, str)):
@@ -99,13 +99,19 @@ def _check_names(model: type[BaseModel], data: Any, path: tuple[str, ...]) -> No
 
 
 @cache
+def _names(model: type[BaseModel]) -> frozenset[str]:
+    """The keys a body may use for the model's fields: their names, and their aliases (``schema``, ``json``)."""
+    return frozenset(info.alias or name for name, info in model.model_fields.items())
+
+
+@cache
 def _nested_models(model: type[BaseModel]) -> dict[str, tuple[type[BaseModel], ...]]:
     """For each field, the request models its value (or its list's items) may be."""
     found = {}
     for name, info in model.model_fields.items():
         models = tuple(_models_in(info.annotation))
         if models:
-            found[name] = models
+            found[info.alias or name] = models
     return found
 
 

@@ -115,7 +115,7 @@ def test_tool_calls_validate_and_stream_alike(client, tool_choice):
 
 
 @pytest.mark.parametrize("path, body, param", [
-    ("/v1/chat/completions", {"logit_bias": {"hello": 5}}, "logit_bias"),
+    ("/v1/chat/completions", {"logit_bias": {"hello": 5}}, "logit_bias.hello"),
     ("/v1/completions", {"logit_bias": {"99999999": 5}}, "logit_bias"),
     ("/v1/completions", {"stop_token_ids": [49152]}, "stop_token_ids"),
     ("/v1/completions", {"best_of": 3, "stream": True}, "best_of"),
