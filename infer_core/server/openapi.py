@@ -157,8 +157,8 @@ def _fill_server_limits(node: Any, vocab_size: int | None, serves_priority: bool
             node["propertyNames"] = {"pattern": pattern}
             node["additionalProperties"] = values
         if node.pop(PRIORITY_MARK, None) and not serves_priority:
-            node["description"] += "; this server runs another scheduler, so 0 only"
-            node["anyOf"] = [{"const": 0}, {"type": "null"}]
+            node["const"] = 0
+            node["description"] = "0 only: this server runs another scheduler than priority"
         for value in node.values():
             _fill_server_limits(value, vocab_size, serves_priority)
     elif isinstance(node, list):

@@ -42,6 +42,7 @@ from infer_core.server.tools import TOOL_RULES, ToolFields
 PRIORITY_MARK = "x-priority"  # openapi.py: 0 only, unless the server runs the priority scheduler
 TOKEN_KEYS_MARK = "x-token-id-keys"  # openapi.py: the object's keys are token ids of the loaded vocabulary
 Bias = Annotated[float, Field(ge=-100, le=100)]
+Priority = Annotated[Int, Field(json_schema_extra={PRIORITY_MARK: True})]
 TokenKey = Annotated[StrictStr, Field(pattern=r"^(0|[1-9][0-9]{0,9})$")]  # a token id as a JSON key
 
 class StreamOptions(RequestModel):
@@ -123,9 +124,8 @@ class _SamplingFields(StructuredFields, RequestModel):
         None, description="tokens to generate before a stop may end the completion; at most max_tokens")
     skip_special_tokens: StrictBool | None = Field(None, description="leave special tokens out of the text (default)")
     include_stop_str_in_output: StrictBool | None = Field(None, description="keep the stop string in the text")
-    priority: Int | None = Field(
-        None, json_schema_extra={PRIORITY_MARK: True},
-        description="lower runs first (vLLM's); other than 0 only under --scheduler priority")
+    priority: Priority | None = Field(
+        None, description="lower runs first (vLLM's); other than 0 only under --scheduler priority")
     logit_bias: Annotated[dict[TokenKey, Bias], Field(json_schema_extra={TOKEN_KEYS_MARK: True})] | None = Field(
         None, description="token id (as a string) -> added to its logit, in [-100, 100]")
     user: StrictStr | None = Field(None, description="OpenAI's end-user id: accepted, not used by this server")
