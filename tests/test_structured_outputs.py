@@ -97,7 +97,7 @@ def test_json_object_outputs_follow_the_grammar_to_their_end(llm):
     spec = StructuredOutputs(json_object=True)
     outputs = llm.generate(PROMPTS, [_params(20 + i, spec, max_tokens=300) for i in range(len(PROMPTS))],
                            use_tqdm=False)
-    constraint = llm.engine.constraints.compile(spec)
+    constraint = llm.engine.core.constraints.compile(spec)
     for output in outputs:
         completion = output.outputs[0]
         matcher = constraint.matcher()
@@ -151,7 +151,7 @@ def test_a_spec_that_does_not_compile_is_a_request_error(llm):
 
 def test_a_pickled_constraint_masks_alike(llm):
     """Tensor-parallel ranks receive the constraint pickled with the request: its matchers allow the same tokens."""
-    constraint = llm.engine.constraints.compile(StructuredOutputs(json=PERSON))
+    constraint = llm.engine.core.constraints.compile(StructuredOutputs(json=PERSON))
     copy = pickle.loads(pickle.dumps(constraint))
     tokens = llm.get_tokenizer().encode('{"name": "Ada", "age": 3', add_special_tokens=False)
     words = -(-llm.engine.config.model.vocab_size // 32)

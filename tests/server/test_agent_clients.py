@@ -68,9 +68,11 @@ def _tasks(folder: Path) -> None:
         "metric_list:\n  - metric: exact_match\n")
 
 
-def test_lm_eval_local_completions(server, offline_llm, tmp_path):
+def test_lm_eval_local_completions(server, tmp_path, request):
     pytest.importorskip("lm_eval")
     from infer_core import SamplingParams
+
+    offline_llm = request.getfixturevalue("offline_llm")  # an engine start only where lm-eval is installed
 
     tokenizer = offline_llm.get_tokenizer()
     tokenizer.save_pretrained(tmp_path / "tokenizer")
