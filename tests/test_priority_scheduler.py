@@ -8,7 +8,7 @@ import pytest
 from infer_core import LLM, SamplingParams
 
 PROMPT = [5, 17, 29, 41, 53, 65, 77]
-LONG = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+LONG = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -44,21 +44,26 @@ def test_an_urgent_request_preempts_into_a_full_batch(path):
         assert not _first_token_before_any_finishes(fcfs)
 
 
-def test_waiting_requests_start_in_priority_order(path):
+@pytest.fixture(scope="module")
+def one_slot(path):
+    """The priority scheduler with one running request at a time."""
     with LLM(path, device="cpu", num_kv_blocks=256, max_num_seqs=1, scheduler="priority") as llm:
-        engine = llm.engine
-        for name, priority in (("five", 5), ("one", 1), ("three", 3), ("one-later", 1)):
-            engine.add_request(name, PROMPT, SamplingParams(temperature=0, max_tokens=2), priority=priority)
-        order = []
-        while engine.has_unfinished_requests():
-            order += [o.request_id for o in engine.step() if o.finished]
+        yield llm
+
+
+def test_waiting_requests_start_in_priority_order(one_slot):
+    engine = one_slot.engine
+    for name, priority in (("five", 5), ("one", 1), ("three", 3), ("one-later", 1)):
+        engine.add_request(name, PROMPT, SamplingParams(temperature=0, max_tokens=2), priority=priority)
+    order = []
+    while engine.has_unfinished_requests():
+        order += [o.request_id for o in engine.step() if o.finished]
     assert order == ["one", "one-later", "three", "five"]
 
 
-def test_generate_takes_a_priority_per_prompt(path):
-    with LLM(path, device="cpu", num_kv_blocks=256, scheduler="priority") as llm:
-        outputs = llm.generate([PROMPT, PROMPT[:3]], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False,
-                               priority=[2, 1])
-        assert [len(o.outputs[0].token_ids) for o in outputs] == [3, 3]
-        with pytest.raises(ValueError, match="one per prompt"):
-            llm.generate([PROMPT], priority=[1, 2], use_tqdm=False)
+def test_generate_takes_a_priority_per_prompt(one_slot):
+    outputs = one_slot.generate([PROMPT, PROMPT[:3]], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False,
+                                priority=[2, 1])
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [3, 3]
+    with pytest.raises(ValueError, match="one per prompt"):
+        one_slot.generate([PROMPT], priority=[1, 2], use_tqdm=False)

@@ -152,7 +152,7 @@ class EngineCore:
         """Queue one request's completions, all or none; RequestError if one can never be served."""
         self._check_alive()
         eos = self.eos_token_ids
-        constraints = [self._constraint(r) for r in requests]  # a spec compiles once: the backend caches it
+        constraints = [self._constraint(r) for r in requests]  # a spec compiles once: it is kept
         added: list[str] = []
         try:
             for r, constraint in zip(requests, constraints):
@@ -279,4 +279,5 @@ class EngineCore:
 
     def shutdown(self) -> None:
         self._release_gc()
+        self.constraints.shutdown()
         self.executor.shutdown()
