@@ -7,6 +7,7 @@ tests/test_prompt_logprobs.py checks against HF transformers.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -33,8 +34,13 @@ def get_weather(city: str, unit: str) -> str:
     return f"sunny in {city}"
 
 
+def _missing(module: str):
+    """Skipped before any fixture is set up (no server starts for a test that cannot run)."""
+    return pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=f"{module} is not installed")
+
+
+@_missing("langchain_openai")
 def test_langchain_structured_output_and_required_tools(server):
-    pytest.importorskip("langchain_openai")
     from langchain_openai import ChatOpenAI
 
     chat = ChatOpenAI(model=MODEL, base_url=f"{server.base_url}/v1", api_key="unused", temperature=0, max_tokens=80)
@@ -68,11 +74,9 @@ def _tasks(folder: Path) -> None:
         "metric_list:\n  - metric: exact_match\n")
 
 
-def test_lm_eval_local_completions(server, tmp_path, request):
-    pytest.importorskip("lm_eval")
+@_missing("lm_eval")
+def test_lm_eval_local_completions(server, offline_llm, tmp_path):
     from infer_core import SamplingParams
-
-    offline_llm = request.getfixturevalue("offline_llm")  # an engine start only where lm-eval is installed
 
     tokenizer = offline_llm.get_tokenizer()
     tokenizer.save_pretrained(tmp_path / "tokenizer")
