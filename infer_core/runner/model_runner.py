@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
 
 import numpy as np
@@ -32,7 +31,7 @@ from infer_core.layers import fused
 from infer_core.layers.sampler import SamplerOutput, greedy_argmax, sample, takes_argmax
 from infer_core.loader import Catalog
 from infer_core.models.build import BuildContext
-from infer_core.platform import physical_cores
+from infer_core.platform import use_physical_cores
 from infer_core.models.weights import load_model_weights
 from infer_core.profiling import step_range
 from infer_core.runner.constraints import grammar_masks
@@ -56,16 +55,6 @@ from infer_core.runner.warmup import profile_num_blocks, warm_up
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def use_physical_cores() -> None:
-    """The CPU computes on one thread per physical core, unless OMP_NUM_THREADS says otherwise (then torch
-    already follows it)."""
-    if "OMP_NUM_THREADS" not in os.environ:
-        threads = physical_cores()
-        if torch.get_num_threads() != threads:
-            logger.info("CPU: %d compute threads (one per physical core), not %d", threads, torch.get_num_threads())
-            torch.set_num_threads(threads)
 
 
 class ModelRunner:
@@ -247,8 +236,7 @@ class ModelRunner:
         inputs = build_step_inputs(output, self.requests, self.config.block_size, self.device, self.buffers,
                                    decode_graph, self.last_sample_rows, prefill_graph)
         if scoring:
-            inputs.prompt_plan = plan_prompt_logprobs(scoring, inputs.request_ids, inputs.metadata.query_start_loc_cpu
-                                                      .numpy(), output.num_scheduled_tokens, self.requests, self.device)
+            inputs.prompt_plan = plan_prompt_logprobs(scoring, inputs, output.num_scheduled_tokens, self.requests)
         if inputs.pending_prefix:  # steady decode: the previous step's ids, in order, are the first inputs
             inputs.input_ids[: inputs.pending_prefix].copy_(self.last_sampled[: inputs.pending_prefix])
         elif inputs.pending_dst is not None:

@@ -11,6 +11,7 @@ mid-prompt scores its recomputed positions again, with the same values.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,6 +19,9 @@ import torch
 from infer_core.interfaces import SchedulerOutput, TokenLogprobs
 from infer_core.runner.sampling_inputs import to_device
 from infer_core.runner.state import RequestTable
+
+if TYPE_CHECKING:  # runner/inputs.py imports this module for PromptLogprobPlan
+    from infer_core.runner.inputs import StepInputs
 
 # request id -> (index of its first scored prompt token, that token's and the following ones' logprobs)
 PromptLogprobs = dict[str, tuple[int, list[TokenLogprobs]]]
@@ -46,10 +50,12 @@ def wanting_prompt_logprobs(output: SchedulerOutput, table: RequestTable) -> lis
     return wanted
 
 
-def plan_prompt_logprobs(request_ids: list[str], batch_order: list[str], query_start_loc: np.ndarray,
-                         scheduled: dict[str, int], table: RequestTable, device: torch.device) -> PromptLogprobPlan:
-    """Which flat-batch rows score which prompt tokens, for ``request_ids`` (from ``wanting_prompt_logprobs``)."""
-    index = {rid: i for i, rid in enumerate(batch_order)}
+def plan_prompt_logprobs(request_ids: list[str], inputs: StepInputs, scheduled: dict[str, int],
+                         table: RequestTable) -> PromptLogprobPlan:
+    """Which rows of the step's flat batch (``inputs``) score which prompt tokens, for ``request_ids`` (from
+    ``wanting_prompt_logprobs``)."""
+    index = {rid: i for i, rid in enumerate(inputs.request_ids)}
+    query_start_loc, device = inputs.metadata.query_start_loc_cpu.numpy(), inputs.input_ids.device
     rows, targets, firsts, counts = [], [], [], []
     for request_id in request_ids:
         state = table[request_id]
