@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "LLM": "infer_core.llm",
     "SamplingParams": "infer_core.sampling_params",
+    "StructuredOutputs": "infer_core.sampling_params",
     "RequestOutput": "infer_core.outputs",
     "CompletionOutput": "infer_core.outputs",
     "Logprob": "infer_core.outputs",
@@ -21,14 +22,15 @@ _EXPORTS = {
     "Engine": "infer_core.engine.engine",
 }
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "EngineSettings", "Engine"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputs", "RequestOutput", "CompletionOutput", "Logprob",
+           "EngineSettings", "Engine"]
 assert set(__all__) == set(_EXPORTS)
 
 if TYPE_CHECKING:
     from infer_core.engine.engine import Engine
     from infer_core.llm import LLM
     from infer_core.outputs import CompletionOutput, Logprob, RequestOutput
-    from infer_core.sampling_params import SamplingParams
+    from infer_core.sampling_params import SamplingParams, StructuredOutputs
     from infer_core.settings import EngineSettings
 
 

@@ -11,7 +11,7 @@ from infer_core.settings import EngineSettings
 
 __all__ = ["KINDS", "EngineConfig", "ModelSource"]
 
-KINDS = ("attention", "kv_allocator", "scheduler", "quantization", "parallel", "decoding")
+KINDS = ("attention", "kv_allocator", "scheduler", "quantization", "parallel", "decoding", "grammar")
 
 
 @dataclass(frozen=True, slots=True)

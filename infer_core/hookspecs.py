@@ -85,6 +85,11 @@ def register_decoding_policies(register: Register) -> None:
 
 
 @hookspec
+def register_grammar_backends(register: Register) -> None:
+    """Register ``GrammarBackend`` classes for structured outputs (selected by ``INFER_GRAMMAR``)."""
+
+
+@hookspec
 def register_models(register: Register) -> None:
     """Register model classes by the HF ``architectures`` name they implement."""
 

@@ -37,6 +37,15 @@ def _as_params(sampling_params, count: int) -> list[SamplingParams]:
     return params
 
 
+def _as_priorities(priority: int | Sequence[int], count: int) -> list[int]:
+    if isinstance(priority, int) and not isinstance(priority, bool):
+        return [priority] * count
+    priorities = list(priority)
+    if len(priorities) != count or not all(isinstance(p, int) and not isinstance(p, bool) for p in priorities):
+        raise ValueError(f"priority must be an integer or one per prompt ({count}), got {priority!r}")
+    return priorities
+
+
 class LLM:
     """Generate from a model in this process: ``LLM(model=None, **settings)`` (None = embedded default).
 
@@ -51,11 +60,16 @@ class LLM:
         return self.engine.tokenizer
 
     def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params=None, use_tqdm: bool = True,
-                 *, add_special_tokens: bool = True) -> list[RequestOutput]:
-        """Complete every prompt; outputs come back in the order of the prompts."""
+                 *, add_special_tokens: bool = True, priority: int | Sequence[int] = 0) -> list[RequestOutput]:
+        """Complete every prompt; outputs come back in the order of the prompts.
+
+        ``priority`` (one, or one per prompt): lower runs first under the ``priority`` scheduler.
+        """
         prompt_list = _as_prompt_list(prompts)
         params = _as_params(sampling_params, len(prompt_list))
-        return self._run([(p, sp, add_special_tokens) for p, sp in zip(prompt_list, params)], use_tqdm)
+        priorities = _as_priorities(priority, len(prompt_list))
+        return self._run([(p, sp, add_special_tokens, rank) for p, sp, rank in zip(prompt_list, params, priorities)],
+                         use_tqdm)
 
     def chat(self, messages: list[Message] | Sequence[list[Message]], sampling_params=None, use_tqdm: bool = True,
              *, chat_template: str | None = None, add_generation_prompt: bool = True) -> list[RequestOutput]:
@@ -65,15 +79,16 @@ class LLM:
         conversations = [messages] if isinstance(messages[0], dict) else list(messages)
         params = _as_params(sampling_params, len(conversations))
         texts = [self.engine.render_chat(c, add_generation_prompt, chat_template) for c in conversations]
-        return self._run([(t, sp, False) for t, sp in zip(texts, params)], use_tqdm)
+        return self._run([(t, sp, False, 0) for t, sp in zip(texts, params)], use_tqdm)
 
-    def _run(self, items: list[tuple[Prompt, SamplingParams, bool]], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, items: list[tuple[Prompt, SamplingParams, bool, int]], use_tqdm: bool) -> list[RequestOutput]:
         engine = self.engine
         ids: list[str] = []
         try:
-            for prompt, params, special in items:
+            for prompt, params, special, priority in items:
                 # only each step's delta_token_ids and the final outputs are read below
-                ids.append(engine.add_request(None, prompt, params, add_special_tokens=special, final_only=True))
+                ids.append(engine.add_request(None, prompt, params, add_special_tokens=special, priority=priority,
+                                              final_only=True))
         except BaseException:
             for request_id in ids:
                 engine.abort(request_id)

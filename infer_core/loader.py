@@ -40,6 +40,7 @@ KIND_INFO: dict[str, KindInfo] = {
     "quantization": KindInfo("register_quantizers", "quantizers", "quantization"),
     "parallel": KindInfo("register_parallel_strategies", "parallel strategies", "parallel"),
     "decoding": KindInfo("register_decoding_policies", "decoding policies", "decoding"),
+    "grammar": KindInfo("register_grammar_backends", "grammar backends", "grammar"),
     "model": KindInfo("register_models", "model architectures", None),
 }
 

@@ -48,3 +48,6 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
+    # SamplingParams.prompt_logprobs: per prompt token, its logprob given the ones before (and the top-N);
+    # the first token has none (None), as vLLM
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -9,6 +10,8 @@ from infer_core.errors import SettingsError
 from infer_core.interfaces import RuntimeContext
 from infer_core.models.config import ModelConfig
 from infer_core.settings import EngineSettings
+
+logger = logging.getLogger(__name__)
 
 
 def runtime_probe() -> tuple[int, tuple[int, int] | None]:
@@ -67,3 +70,15 @@ def physical_cores() -> int:
         except OSError:
             cores.add(str(cpu))
     return max(1, len(cores))
+
+
+def use_physical_cores() -> None:
+    """The CPU computes on one thread per physical core, unless OMP_NUM_THREADS says otherwise (then torch
+    already follows it)."""
+    import torch
+
+    if "OMP_NUM_THREADS" not in os.environ:
+        threads = physical_cores()
+        if torch.get_num_threads() != threads:
+            logger.info("CPU: %d compute threads (one per physical core), not %d", threads, torch.get_num_threads())
+            torch.set_num_threads(threads)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 # Below this temperature a request is greedy: logits / temperature would overflow float32 (vLLM's cut-off).
 MIN_SAMPLING_TEMPERATURE = 1e-5
@@ -12,6 +14,57 @@ MIN_SAMPLING_TEMPERATURE = 1e-5
 def _check(ok: bool, field_name: str, rule: str, value: object) -> None:
     if not ok:
         raise ValueError(f"{field_name} must be {rule}, got {value!r}")
+
+
+_STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutputs:
+    """A constraint on a request's output: exactly one of these (vLLM's ``StructuredOutputsParams``).
+
+    ``json``: a JSON schema (a dict or its JSON text), the output is a document it validates;
+    ``json_object``: any JSON object; ``regex``: a regular expression the whole output matches;
+    ``choice``: the output is one of these strings; ``grammar``: an EBNF grammar (``root ::= ...``).
+    A schema is kept as compact JSON text, so the same schema sent again is one compiled grammar.
+    """
+
+    json: str | dict[str, Any] | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [name for name in _STRUCTURED_KINDS if getattr(self, name) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(f"structured_outputs must set exactly one of {', '.join(_STRUCTURED_KINDS)}; "
+                             f"got {', '.join(given) or 'none'}")
+        if self.json is not None:
+            schema = self.json
+            if isinstance(schema, str):
+                try:
+                    schema = json.loads(schema)
+                except ValueError as e:
+                    raise ValueError(f"structured_outputs.json must be a JSON schema; it is not JSON: {e}") from None
+            if not isinstance(schema, (dict, bool)):
+                raise ValueError(f"structured_outputs.json must be a JSON schema (an object), got {type(schema).__name__}")
+            # keys keep their order: properties are generated in the order the schema lists them
+            object.__setattr__(self, "json", json.dumps(schema, separators=(",", ":")))
+        if self.choice is not None:
+            choice = (self.choice,) if isinstance(self.choice, str) else tuple(self.choice)
+            _check(bool(choice) and all(isinstance(c, str) and c for c in choice), "structured_outputs.choice",
+                   "a non-empty list of non-empty strings", self.choice)
+            object.__setattr__(self, "choice", choice)
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            _check(value is None or (isinstance(value, str) and value != ""), f"structured_outputs.{name}",
+                   "a non-empty string", value)
+
+    @property
+    def kind(self) -> str:
+        """Which constraint this is: one of json, json_object, regex, choice, grammar."""
+        return next(name for name in _STRUCTURED_KINDS if getattr(self, name) not in (None, False))
 
 
 @dataclass(slots=True)
@@ -38,8 +91,11 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None  # each prompt token's logprob (and the top-N) given the tokens before it
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputs | None = None  # the output follows this grammar
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit before sampling ([-100, 100])
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -50,6 +106,8 @@ class SamplingParams:
                "a list of token ids", self.stop_token_ids)
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputs(**self.structured_outputs)
         if self.top_k is None or self.top_k == -1:
             self.top_k = 0
         self.validate()
@@ -85,6 +143,15 @@ class SamplingParams:
             self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= 20),
             "logprobs", "an integer in [0, 20] or None", self.logprobs,
         )
+        _check(
+            self.prompt_logprobs is None or (_is_int(self.prompt_logprobs) and 0 <= self.prompt_logprobs <= 20),
+            "prompt_logprobs", "an integer in [0, 20] or None", self.prompt_logprobs,
+        )
+        _check(self.logit_bias is None or (isinstance(self.logit_bias, dict) and all(
+            _is_int(t) and t >= 0 and _finite(b) and -100 <= b <= 100 for t, b in self.logit_bias.items())),
+            "logit_bias", "a dict of token id (>= 0) -> bias in [-100, 100]", self.logit_bias)
+        _check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputs),
+               "structured_outputs", "a StructuredOutputs (or a dict of its fields)", self.structured_outputs)
 
     @property
     def is_greedy(self) -> bool:

@@ -50,6 +50,7 @@ class EngineSettings(BaseSettings):
     quantization: str | None = Field(None, description="quantizer; unset = the checkpoint's, else none")
     parallel: str | None = Field(None, description="parallel strategy; unset = single on one device, else the one a plugin offers (tp)")
     decoding: str = Field("standard", description="decoding policy")
+    grammar: str = Field("xgrammar", description="grammar backend of structured outputs (JSON schema, regex, choice, EBNF)")
     plugins: Annotated[list[str] | None, NoDecode] = Field(
         None, description="comma-separated entry-point names to load (unset = all installed; empty = none)"
     )
@@ -76,6 +77,7 @@ class EngineSettings(BaseSettings):
     max_queued_requests: int = Field(1024, ge=1, description="waiting requests beyond which the server answers 503 (for the HTTP server)")
     api_key: str | None = Field(None, description="when set, /v1 requests need 'Authorization: Bearer <key>' (for the HTTP server)")
     max_request_bytes: int = Field(16 * 1024 * 1024, ge=1, description="largest request body the server reads; larger gets 413 (for the HTTP server)")
+    tool_call_parser: Literal["hermes", "llama3_json"] | None = Field(None, description="how tool calls are read from chat outputs: hermes (<tool_call> JSON: Qwen, Hermes) or llama3_json; unset = the one the chat template implies (for the HTTP server)")
     shutdown_timeout: float = Field(30.0, ge=0, description="seconds SIGTERM waits for running requests before aborting them (for the HTTP server)")
 
     @field_validator("dtype", mode="before")
@@ -95,7 +97,8 @@ class EngineSettings(BaseSettings):
     def _split_plugins(cls, value: Any) -> Any:
         return split_plugin_names(value)
 
-    @field_validator("attention", "quantization", "parallel", "kv_allocator", "scheduler", "decoding", mode="before")
+    @field_validator("attention", "quantization", "parallel", "kv_allocator", "scheduler", "decoding", "grammar",
+                     mode="before")
     @classmethod
     def _blank_is_unset(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value

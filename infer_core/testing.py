@@ -2,7 +2,8 @@
 
 ``make_tiny_checkpoint`` writes a random model of a supported architecture as a real HF
 checkpoint (config.json + safetensors + a small tokenizer-free folder), so tests exercise the
-same loading path as a downloaded model and can compare with transformers. ``compile_for_sm90``
+same loading path as a downloaded model and can compare with transformers (testing_tokenizer.py adds a
+small real tokenizer beside one). ``compile_for_sm90``
 compiles a Triton kernel for an H100 without a GPU (Triton's own ptxas), and ``float_ops`` lists
 its PTX's float instructions, so tests can check what two kernels compute alike.
 """

@@ -8,6 +8,7 @@ the arithmetic, instead of waiting in the queue forever. The rest queue in arriv
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from infer_core.interfaces import RequestError
 from infer_core.interfaces import KVAllocator, Request, SchedulerConfig
@@ -53,9 +54,9 @@ def check_admission(request: Request, config: SchedulerConfig, kv_allocator: KVA
         )
 
 
-def enqueue(waiting: deque[Request], request: Request) -> None:
-    """Insert ``request`` into the waiting queue at its place in ``arrival_key`` order."""
+def enqueue(waiting: deque[Request], request: Request, key: Callable[[Request], tuple] = arrival_key) -> None:
+    """Insert ``request`` into the waiting queue at its place in ``key`` order (``arrival_key`` by default)."""
     index = len(waiting)
-    while index and arrival_key(waiting[index - 1]) > arrival_key(request):
+    while index and key(waiting[index - 1]) > key(request):
         index -= 1
     waiting.insert(index, request)

@@ -20,6 +20,7 @@ def register_kv_allocators(register):
 @hookimpl
 def register_schedulers(register):
     register("fcfs", f"{_B}.scheduler_fcfs:FCFSScheduler")
+    register("priority", f"{_B}.scheduler_priority:PriorityScheduler")
 
 
 @hookimpl
@@ -35,6 +36,11 @@ def register_parallel_strategies(register):
 @hookimpl
 def register_decoding_policies(register):
     register("standard", f"{_B}.decoding_standard:StandardDecoding")
+
+
+@hookimpl
+def register_grammar_backends(register):
+    register("xgrammar", f"{_B}.grammar_xgrammar:XGrammarBackend")
 
 
 @hookimpl

@@ -35,6 +35,8 @@ from infer_core.interfaces import (
 
 class FCFSScheduler(Scheduler):
     supports_overlap = True
+    # The order requests wait in and run in; the last running request is the one preempted.
+    order = staticmethod(arrival_key)
 
     def __init__(self, config, kv_allocator) -> None:
         super().__init__(config, kv_allocator)
@@ -54,7 +56,7 @@ class FCFSScheduler(Scheduler):
             raise RequestError(f"request id {request.request_id!r} is already in use", param="request_id")
         check_admission(request, self.config, self.kv_allocator)
         self.requests[request.request_id] = request
-        enqueue(self.waiting, request)
+        enqueue(self.waiting, request, self.order)
 
     # scheduling ----------------------------------------------------------------------------
 
@@ -70,6 +72,10 @@ class FCFSScheduler(Scheduler):
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.finished_ids.add(request.request_id)  # the runner drops its state; it is re-sent as new
+        self._requeue(request)
+
+    def _requeue(self, request: Request) -> None:
+        """A preempted request waits again: first, to be resumed before anything newer starts."""
         self.waiting.appendleft(request)
 
     def _num_new_tokens(self, request: Request, budget: int) -> tuple[int, list[int]]:
@@ -168,7 +174,9 @@ class FCFSScheduler(Scheduler):
 
         while self.waiting and budget > 0 and not preempted and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            prefix = allocator.lookup_prefix(request.request_id, request.all_token_ids, request.num_tokens - 1)
+            # a request that wants prompt logprobs computes every position: cached ones would have no logits
+            reusable = request.num_tokens - 1 if request.sampling_params.prompt_logprobs is None else 0
+            prefix = allocator.lookup_prefix(request.request_id, request.all_token_ids, reusable)
             request.num_computed_tokens = prefix.num_tokens
             num_new, drafts = self._num_new_tokens(request, budget)
             if allocator.allocate(request.request_id, prefix.num_tokens + num_new, prefix) is None:
@@ -180,10 +188,11 @@ class FCFSScheduler(Scheduler):
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = prefix.num_tokens
                 request.first_scheduled_time = time.monotonic()
-            bisect.insort(self.running, request, key=arrival_key)
+            bisect.insort(self.running, request, key=self.order)
             out.new_requests.append(NewRequestData(
                 request.request_id, list(request.all_token_ids), request.num_prompt_tokens,
                 request.sampling_params, allocator.block_ids(request.request_id), request.num_computed_tokens,
+                request.constraint,
             ))
             self._scheduled(out, request, num_new, drafts)
             planned[request.request_id] = request

@@ -115,10 +115,12 @@ class AsyncEngine:
         return unavailable_reason(self.state, self.error)
 
     async def add_request(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams,
-                          add_special_tokens: bool = True) -> RequestStream:
-        """Send a request to the core and wait for its ack; raises what the core's refusal says.
+                          add_special_tokens: bool = True, priority: int = 0) -> RequestStream:
+        """Send a request to the core and wait for its ack; raises what the core's refusal says (a
+        structured-output spec that does not compile, say).
 
-        Text prompts are tokenized here, on the event loop: the server sends token ids.
+        Text prompts are tokenized here, on the event loop: the server sends token ids. ``priority``:
+        lower runs first under the ``priority`` scheduler.
         """
         if self.state is not EngineState.READY:
             raise EngineDeadError(self.unavailable_reason())
@@ -131,7 +133,7 @@ class AsyncEngine:
                 raise RequestError(f"{what} {taken!r} is already in use", param="request_id")
         text, prompt_ids = inputs.tokenize(prompt, add_special_tokens)
         arrival = time.monotonic()
-        completions = inputs.core_requests(children, prompt_ids, params, arrival)
+        completions = inputs.core_requests(children, prompt_ids, params, arrival, priority)
         if not self._streams:
             self._last_heard = arrival  # the stall clock starts with the work
             self._hold_gc()
@@ -231,10 +233,10 @@ class AsyncEngine:
             if ack is not None and not ack.done():
                 ack.set_exception(RuntimeError(message) if code == INTERNAL_ERROR else
                                   RequestError(message, param=param, code=code))
-        if not step.request_ids:
+        if not step.request_ids and not step.prompt_logprobs:
             return
         known = self._known
-        outputs, stopped = self.outputs.process(decode_updates(step, known))
+        outputs, stopped = self.outputs.process(decode_updates(step, known), step.prompt_logprobs)
         if stopped:
             self._client.send(FinishRequests(stopped, RequestStatus.FINISHED_STOPPED))
             for cid in stopped:

@@ -2,7 +2,8 @@
 
 A request's path through the core; each invariant is stated once, beside the module that keeps it:
 
-1. ``EngineCore.add`` (here): a request's completions, each a ``CoreRequest`` of token ids, to the scheduler.
+1. ``EngineCore.add`` (here): a request's completions, each a ``CoreRequest`` of token ids, to the scheduler;
+   a structured-output spec compiled into its grammar here (engine/constraints.py, cached by spec).
 2. ``scheduler.schedule`` (builtin/scheduler_fcfs.py): token budget, KV blocks (builtin/kv_paged.py),
    preemption -> ``SchedulerOutput``. Only the scheduler moves a request's ``num_computed_tokens``.
 3. ``executor.execute_async`` (builtin/parallel_single.py, or a parallel plugin's): the SchedulerOutput to
@@ -10,11 +11,12 @@ A request's path through the core; each invariant is stated once, beside the mod
    a. prepares: runner/state.py (the runner's copy of a request changes only by SchedulerOutputs),
       runner/inputs.py (the flat batch, decodes first; a graph's padding writes only the pad KV block);
    b. forwards: ``forward_step`` (runner/cuda_graphs.py), one dispatch: decode graph, prefill graph or eager;
-   c. samples: runner/sampling_inputs.py + layers/sampler.py, or a greedy batch's argmax graph; the ids'
-      copy to the host (runner/step_output.py) -> ``PendingOutput``, whose ``result()`` is a ``RunnerOutput``.
+   c. samples: runner/sampling_inputs.py, runner/constraints.py (grammar masks), layers/sampler.py, or a greedy
+      batch's argmax graph; the ids' copy to the host (runner/step_output.py) -> ``PendingOutput`` (``RunnerOutput``).
 4. ``decoding.accept`` (builtin/decoding_standard.py, or a speculative plugin's): the tokens each request keeps.
 5. ``scheduler.update``: appends them; at EOS, a stop token or max_tokens a request ends, its blocks freed.
-   ``step`` returns these ``RequestUpdate``s; text, stop strings and n completions are the frontend's
+   ``step`` returns these ``RequestUpdate``s (and ``take_prompt_logprobs`` the prompt tokens scored since the
+   last call); text, stop strings and n completions are the frontend's
    (engine/engine.py in one process, engine/async_engine.py across the process boundary).
 
 Overlapped scheduling (``async_scheduling``, where executor, scheduler and decoding policy allow it):
@@ -31,9 +33,12 @@ import logging
 from collections.abc import Iterable, Sequence
 import weakref
 from dataclasses import dataclass, field, replace
+from typing import Any
 
-from infer_core.errors import EngineDeadError, SettingsError
+from infer_core.engine.constraints import ConstraintCompiler
+from infer_core.errors import EngineDeadError, RequestError, SettingsError
 from infer_core.interfaces import (
+    Constraint,
     PendingOutput,
     Request,
     RequestStatus,
@@ -41,6 +46,7 @@ from infer_core.interfaces import (
     SchedulerConfig,
     SchedulerOutput,
     SchedulerStats,
+    TokenLogprobs,
 )
 from infer_core.loader import EngineSpec
 from infer_core.profiling import step_range
@@ -49,6 +55,20 @@ from infer_core.runner.worker import Worker
 from infer_core.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+# completion id -> (index of its first prompt token scored, the logprobs of that token and the ones after it)
+PromptLogprobs = dict[str, tuple[int, list[TokenLogprobs]]]
+
+
+def merge_prompt_logprobs(into: PromptLogprobs, scored: PromptLogprobs) -> None:
+    """Add a step's scored prompt chunks to ``into``; a request's next chunk extends the one before it
+    (a request preempted mid-prompt scores its recomputed positions again: those replace the ones kept)."""
+    for request_id, (first, entries) in scored.items():
+        kept = into.get(request_id)
+        if kept is not None and kept[0] <= first <= kept[0] + len(kept[1]):
+            into[request_id] = (kept[0], kept[1][: first - kept[0]] + entries)
+        else:
+            into[request_id] = (first, entries)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +96,8 @@ class EngineCounters:
 class EngineCore:
     """Scheduler, executor and decoding policy. Not thread-safe: one thread makes every call."""
 
-    def __init__(self, spec: EngineSpec, extra_eos_token_ids: Iterable[int] = ()) -> None:
+    def __init__(self, spec: EngineSpec, extra_eos_token_ids: Iterable[int] = (), tokenizer: Any = None) -> None:
+        """``tokenizer``: the model's (structured outputs compile grammars for it; None refuses them)."""
         self.spec = spec
         eos = set(spec.config.eos_token_ids) | set(extra_eos_token_ids)  # the runner bans these while min_tokens holds
         self.config = config = replace(spec.config, eos_token_ids=tuple(sorted(eos)))
@@ -102,6 +123,8 @@ class EngineCore:
                         and self.scheduler.supports_overlap and not self.decoding.num_speculative_tokens)
         self._in_flight: tuple[SchedulerOutput, PendingOutput] | None = None  # launched, not yet read
         self.counters = EngineCounters()
+        self.constraints = ConstraintCompiler(spec, tokenizer, config.model.vocab_size, config.eos_token_ids)
+        self._prompt_logprobs: PromptLogprobs = {}  # scored since the last take_prompt_logprobs
         self._drafting_ids: dict[str, None] = {}  # with a speculative policy: the ids of requests added, in order
         self.is_dead = False
         self._gc_hold: weakref.finalize | None = None  # in a busy period: the collector's set up (runner/gc_policy.py)
@@ -129,11 +152,12 @@ class EngineCore:
         """Queue one request's completions, all or none; RequestError if one can never be served."""
         self._check_alive()
         eos = self.eos_token_ids
+        constraints = [self._constraint(r) for r in requests]  # a spec compiles once: it is kept
         added: list[str] = []
         try:
-            for r in requests:
+            for r, constraint in zip(requests, constraints):
                 self.scheduler.add(Request(r.request_id, list(r.prompt_token_ids), r.params, r.max_tokens, eos,
-                                           r.priority, r.arrival_time))
+                                           r.priority, r.arrival_time, constraint=constraint))
                 added.append(r.request_id)
         except BaseException:
             self.scheduler.finish(added, RequestStatus.FINISHED_ABORTED)
@@ -141,6 +165,20 @@ class EngineCore:
         if self.decoding.num_speculative_tokens:
             self._drafting_ids.update(dict.fromkeys(added))
         self.counters.prompt_tokens += sum(len(r.prompt_token_ids) for r in requests)
+
+    def _constraint(self, request: CoreRequest) -> Constraint | None:
+        spec = request.params.structured_outputs
+        if spec is not None and self.decoding.num_speculative_tokens:
+            raise RequestError(
+                f"structured outputs cannot be combined with speculative decoding (decoding="
+                f"{self.config.settings.decoding!r} verifies drafts without the grammar's mask); serve with "
+                f"--decoding standard for structured outputs", param="structured_outputs")
+        return self.constraints.compile(spec)
+
+    def take_prompt_logprobs(self) -> PromptLogprobs:
+        """The prompt logprobs (``SamplingParams.prompt_logprobs``) scored since the last call, by completion id."""
+        scored, self._prompt_logprobs = self._prompt_logprobs, {}
+        return scored
 
     def is_known(self, request_id: str) -> bool:
         return self.scheduler.get(request_id) is not None
@@ -209,6 +247,8 @@ class EngineCore:
     def _finish_step(self, scheduler_output: SchedulerOutput, pending: PendingOutput) -> list[RequestUpdate]:
         """Read a launched step's tokens and advance requests and counters by them."""
         runner_output = pending.result()
+        if runner_output.prompt_logprobs:
+            merge_prompt_logprobs(self._prompt_logprobs, runner_output.prompt_logprobs)
         with step_range("infer.process_outputs"):
             accepted = self.decoding.accept(scheduler_output, runner_output)
             updates = self.scheduler.update(scheduler_output, runner_output, accepted)
@@ -239,4 +279,5 @@ class EngineCore:
 
     def shutdown(self) -> None:
         self._release_gc()
+        self.constraints.shutdown()
         self.executor.shutdown()

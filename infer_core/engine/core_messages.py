@@ -6,7 +6,9 @@ assembled configuration and the tokenizer, before the weights load), ``CoreReady
 and one ``CoreStep`` per step: each progressed completion's new token ids in columns (lists of
 strings and ints pickle an order of magnitude faster than one object per completion), finish
 reasons, first-token facts and logprobs only where there are some, the acks of requests taken in,
-and the core's counters.
+the core's counters, and the prompt logprobs scored (``SamplingParams.prompt_logprobs``), if any. A
+request's every field crosses in ``CoreRequest`` (its ``SamplingParams``: structured-output spec,
+logit bias, stop token ids, ...; its priority): the grammar is compiled in the core.
 """
 
 from __future__ import annotations
@@ -73,6 +75,9 @@ class CoreStep(NamedTuple):
     admitted: list[str]  # request ids taken in since the last message
     refused: list[tuple[str, str, str | None, str | None]]  # (request id, message, param, code)
     counters: CoreCounters
+    # SamplingParams.prompt_logprobs: completion id -> (index of the first prompt token scored, its and the
+    # following tokens' logprobs); only where a step scored some (EngineCore.take_prompt_logprobs)
+    prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] | None = None
 
 
 def encode_updates(updates: list[RequestUpdate]) -> tuple[list, list, list, list, list]:

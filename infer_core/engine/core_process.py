@@ -7,7 +7,9 @@ process owns the device. It assembles the engine, sends the
 configuration and the tokenizer (``CoreStarted``) so the server can prepare while the weights load,
 builds the core, says ``CoreReady``, then loops:
 
-- take every command waiting on the connection (blocking a little only while idle);
+- take every command waiting on the connection (blocking a little only while idle); a request with a
+  structured-output spec not compiled before waits (unacknowledged) while a thread compiles it, and
+  is added once that is done (engine/constraints.py), so no step waits for a compilation;
 - if requests were added or ended, answer at once (acks, and counters with the freed KV blocks);
 - run one step and send its updates with the counters: a message every step, so a silent
   core with work is a stalled one.
@@ -23,6 +25,7 @@ import logging
 import signal
 import threading
 import time
+from concurrent.futures import Future
 from multiprocessing.connection import Connection
 
 from tqdm import tqdm
@@ -50,6 +53,7 @@ from infer_core.settings import EngineSettings
 logger = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.25  # how often an idle core wakes to check its executor's health
+COMPILING_WAIT_S = 0.002  # how often an idle core looks whether a grammar it waits for is compiled
 
 
 def run_engine_core(settings: EngineSettings, conn: Connection, log_level: int | None, log_format: str | None) -> None:
@@ -76,7 +80,7 @@ def _start(settings: EngineSettings, outbox: Outbox) -> EngineCore | None:
         tokenizer = load_engine_tokenizer(spec)
         logger.info("tokenizer loaded in %.1f s", time.perf_counter() - start)
         outbox.put(CoreStarted(spec.config, spec.chosen, tokenizer))
-        core = EngineCore(spec, tokenizer_eos(tokenizer))
+        core = EngineCore(spec, tokenizer_eos(tokenizer), tokenizer)
     except BaseException as e:  # report; the server logs it and answers 503
         logger.exception("the engine failed to load")
         outbox.put(CoreFailed(f"{type(e).__name__}: {e}"))
@@ -107,25 +111,29 @@ class CoreLoop:
         self.refused: list[tuple[str, str, str | None, str | None]] = []
         self.changed = False  # requests were added or ended since the last message
         self.stats = CoreStatsRelay(core.executor, core.decoding, outbox)
+        self.compiling: list[tuple[AddRequest, Future]] = []  # requests whose grammars a thread compiles
 
     def run(self) -> None:
         core = self.core
         while True:
             busy = core.has_unfinished_requests()
-            if not self._take_commands(block=not busy):
+            if not self._take_commands(0 if busy else COMPILING_WAIT_S if self.compiling else IDLE_WAIT_S):
                 return
+            if self.compiling:
+                self._add_compiled()
             if self.changed:
                 self._send([], [], [], [], [])
             core.executor.check_health()
             if core.has_unfinished_requests():
-                self._send(*encode_updates(core.step()))
+                updates = core.step()
+                self._send(*encode_updates(updates), prompt_logprobs=core.take_prompt_logprobs() or None)
             self.stats.poll()
 
-    def _take_commands(self, block: bool) -> bool:
-        """Apply every command waiting (when idle, wait a little for the first); False: stop."""
+    def _take_commands(self, wait: float) -> bool:
+        """Apply every command waiting (waiting up to ``wait`` s for the first); False: stop."""
         conn = self.conn
         try:
-            if not conn.poll(IDLE_WAIT_S if block else 0):
+            if not conn.poll(wait):
                 return True
             while True:
                 if not self._apply(conn.recv()):
@@ -139,15 +147,16 @@ class CoreLoop:
     def _apply(self, command) -> bool:
         if isinstance(command, FinishRequests):
             self.core.finish(command.request_ids, command.status)
+            if self.compiling:  # ended while its grammar compiles: never added
+                ended = set(command.request_ids)
+                self.compiling = [(c, f) for c, f in self.compiling
+                                  if not any(r.request_id in ended for r in c.completions)]
         elif isinstance(command, AddRequest):
-            try:
-                self.core.add(command.completions)
-                self.admitted.append(command.request_id)
-            except RequestError as e:
-                self.refused.append((command.request_id, str(e), e.param, e.code))
-            except Exception as e:  # a bug, not the request's fault: the core lives on (the add was all or nothing)
-                logger.exception("adding request %s failed", command.request_id)
-                self.refused.append((command.request_id, f"{type(e).__name__}: {e}", None, INTERNAL_ERROR))
+            compiled = self.core.constraints.compile_later(r.params.structured_outputs for r in command.completions)
+            if compiled is not None:
+                self.compiling.append((command, compiled))
+                return True
+            self._add(command)
         elif command == SHUTDOWN:
             return False
         else:
@@ -155,9 +164,39 @@ class CoreLoop:
         self.changed = True
         return True
 
-    def _send(self, ids: list, tokens: list, ended: list, first: list, logprobs: list) -> None:
+    def _add(self, command: AddRequest) -> None:
+        try:
+            self.core.add(command.completions)
+            self.admitted.append(command.request_id)
+        except RequestError as e:
+            self.refused.append((command.request_id, str(e), e.param, e.code))
+        except Exception as e:  # a bug, not the request's fault: the core lives on (the add was all or nothing)
+            logger.exception("adding request %s failed", command.request_id)
+            self.refused.append((command.request_id, f"{type(e).__name__}: {e}", None, INTERNAL_ERROR))
+        self.changed = True
+
+    def _add_compiled(self) -> None:
+        """Add the requests whose grammars are compiled now, in the order they came."""
+        waiting = []
+        for command, compiled in self.compiling:
+            if not compiled.done():
+                waiting.append((command, compiled))
+                continue
+            try:
+                self.core.constraints.take(compiled)
+            except Exception as e:  # the backend failed, not the request: refused, and the core lives on
+                logger.exception("compiling the grammar of request %s failed", command.request_id)
+                self.refused.append((command.request_id, f"{type(e).__name__}: {e}", None, INTERNAL_ERROR))
+                self.changed = True
+            else:
+                self._add(command)
+        self.compiling = waiting
+
+    def _send(self, ids: list, tokens: list, ended: list, first: list, logprobs: list,
+              prompt_logprobs: dict | None = None) -> None:
         core = self.core
         counters = CoreCounters.of(core.stats(), core.counters.prompt_tokens, core.counters.generation_tokens)
-        self.outbox.put(CoreStep(ids, tokens, ended, first, logprobs, self.admitted, self.refused, counters))
+        self.outbox.put(CoreStep(ids, tokens, ended, first, logprobs, self.admitted, self.refused, counters,
+                                 prompt_logprobs))
         if self.changed:
             self.admitted, self.refused, self.changed = [], [], False

@@ -2,8 +2,10 @@
 
 The pieces are the ones the server composes across a process boundary (engine/async_engine.py):
 
-1. ``InputProcessor`` (engine/input_processor.py): tokenize, resolve max_tokens, name the n completions.
-2. ``EngineCore`` (engine/core.py): scheduler -> executor -> decoding policy; each step's ``RequestUpdate``s.
+1. ``InputProcessor`` (engine/input_processor.py): check the parameters against the model, tokenize, resolve
+   max_tokens, name the n completions.
+2. ``EngineCore`` (engine/core.py): grammars compiled, scheduler -> executor -> decoding policy; each step's
+   ``RequestUpdate``s and the prompt logprobs it scored.
 3. ``OutputProcessor`` (engine/output_processor.py, engine/detokenizer.py) -> ``RequestOutput``s: text that
    never splits a UTF-8 character nor shows part of a stop string; a stop string found ends the
    completion in the core.
@@ -47,7 +49,7 @@ class Engine:
 
     def __init__(self, spec: EngineSpec) -> None:
         self.tokenizer = load_engine_tokenizer(spec)
-        self.core = EngineCore(spec, tokenizer_eos(self.tokenizer))
+        self.core = EngineCore(spec, tokenizer_eos(self.tokenizer), self.tokenizer)
         self.inputs = InputProcessor(self.tokenizer, self.config.model.vocab_size, self.config.max_model_len)
         self.outputs = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
@@ -124,7 +126,7 @@ class Engine:
         updates = self.core.step()
         try:
             with step_range("infer.detokenize"):
-                outputs, stopped = self.outputs.process(updates)
+                outputs, stopped = self.outputs.process(updates, self.core.take_prompt_logprobs())
                 if stopped:
                     self.core.finish(stopped, RequestStatus.FINISHED_STOPPED)
             self._count_finished(outputs)

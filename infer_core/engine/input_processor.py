@@ -1,8 +1,9 @@
 """InputProcessor: a prompt and its SamplingParams -> the core's requests (one per completion).
 
 The frontend's half of adding a request, the same in one process (``Engine``) and across the
-process boundary (``AsyncEngine``): tokenize or check the token ids, render a chat, resolve
-max_tokens against the context, and name the n completions.
+process boundary (``AsyncEngine``): check the parameters against the model (engine/request_checks.py),
+tokenize or check the token ids, render a chat, resolve max_tokens against the context, and name
+the n completions. Structured-output specs are compiled in the core, which owns the sampler.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from infer_core.engine.core import CoreRequest
+from infer_core.engine.request_checks import check_params
 from infer_core.errors import RequestError
 from infer_core.sampling_params import SamplingParams
 
@@ -64,9 +66,7 @@ class InputProcessor:
         params = params or SamplingParams()
         if params.top_k >= self.vocab_size:
             params = replace(params, top_k=0)  # keeping the whole vocabulary is no top-k at all (and fits int64)
-        if params.stop and self.tokenizer is None:
-            raise RequestError("stop strings need a tokenizer and this model has none; use stop_token_ids",
-                               param="stop")
+        check_params(params, self.tokenizer, self.vocab_size)
         return params
 
     def core_requests(self, completions: list[tuple[str, SamplingParams]], prompt_ids: list[int],

@@ -45,19 +45,22 @@ class _Parent:
     finished_children: set[str] = field(default_factory=set)
     # final-only: every step hands out this one live output instead of a snapshot
     live_output: RequestOutput | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # filled chunk by chunk as the prompt runs
 
     def to_output(self) -> RequestOutput:
         finished = len(self.finished_children) == len(self.sequences)
         live = self.live_output
         if live is not None:
             live.finished, live.num_cached_tokens = finished, self.num_cached_tokens
+            live.prompt_logprobs = self.prompt_logprobs
             return live
         if len(self.sequences) == 1:
             outputs = [_snapshot(s.output) for s in self.sequences.values()]
         else:
             outputs = [_snapshot(s.output) for s in sorted(self.sequences.values(), key=lambda s: s.output.index)]
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outputs,
-                             finished=finished, num_cached_tokens=self.num_cached_tokens, metrics=self.metrics)
+                             finished=finished, num_cached_tokens=self.num_cached_tokens, metrics=self.metrics,
+                             prompt_logprobs=self.prompt_logprobs)
 
 
 def _snapshot(output: CompletionOutput) -> CompletionOutput:
@@ -196,8 +199,22 @@ class OutputProcessor:
         out.finish_reason, out.stop_reason = "stop", stop
         return True
 
-    def process(self, updates: list[RequestUpdate]) -> tuple[list[RequestOutput], list[str]]:
-        """RequestOutputs of the parents that progressed, and child ids a stop string ended."""
+    def _add_prompt_logprobs(self, scored: dict[str, tuple[int, list[TokenLogprobs]]]) -> None:
+        """A step's prompt logprobs into their parents' lists (every child of a parent scores the same prompt)."""
+        for child_id, (first, entries) in scored.items():
+            parent = self.parents.get(self.parent_of.get(child_id, ""))
+            if parent is None:
+                continue
+            if parent.prompt_logprobs is None:
+                parent.prompt_logprobs = [None] * len(parent.prompt_token_ids)
+            parent.prompt_logprobs[first:first + len(entries)] = self._logprobs(entries)
+
+    def process(self, updates: list[RequestUpdate], prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] | None
+                = None) -> tuple[list[RequestOutput], list[str]]:
+        """RequestOutputs of the parents that progressed, and child ids a stop string ended; ``prompt_logprobs``:
+        the core's ``EngineCore.take_prompt_logprobs()``, kept until the parent's outputs carry them."""
+        if prompt_logprobs:
+            self._add_prompt_logprobs(prompt_logprobs)
         now = time.monotonic()
         touched: dict[str, _Parent] = {}
         stopped: list[str] = []

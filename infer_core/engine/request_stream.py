@@ -25,7 +25,7 @@ def merge_outputs(earlier: RequestOutput, later: RequestOutput) -> RequestOutput
                                  prior.delta_text + c.delta_text, prior.delta_token_ids + c.delta_token_ids)
         merged.append(c)
     return RequestOutput(later.request_id, later.prompt, later.prompt_token_ids, merged, later.finished,
-                         later.num_cached_tokens, later.metrics)
+                         later.num_cached_tokens, later.metrics, later.prompt_logprobs)
 
 
 class RequestStream:

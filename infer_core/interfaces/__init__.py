@@ -7,6 +7,7 @@ implementation) needs no other core module for them.
 
 from infer_core.errors import EngineDeadError, PluginError, RequestError
 from infer_core.interfaces.attention import AttentionBackend, AttentionCapabilities, AttentionLayer, BatchMetadata
+from infer_core.interfaces.constraints import Constraint, ConstraintMatcher, GrammarBackend
 from infer_core.interfaces.context import RuntimeComponent, RuntimeContext
 from infer_core.interfaces.decoding import DecodingPolicy, DraftRequest, SpecDecodingStats
 from infer_core.interfaces.kv import KVAllocator, KVStats, PrefixHit
@@ -44,9 +45,12 @@ __all__ = [
     "BatchMetadata",
     "CachedRequestData",
     "Communicator",
+    "Constraint",
+    "ConstraintMatcher",
     "DecodingPolicy",
     "DraftRequest",
     "EngineDeadError",
+    "GrammarBackend",
     "Executor",
     "KVAllocator",
     "KVStats",

@@ -5,8 +5,12 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from infer_core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from infer_core.interfaces.constraints import Constraint
 
 
 class RequestStatus(enum.Enum):
@@ -56,6 +60,7 @@ class Request:
     num_cached_tokens: int = -1  # prefix-cache hit at first scheduling (-1: not yet scheduled)
     spec_token_ids: list[int] = field(default_factory=list)
     first_scheduled_time: float | None = None
+    constraint: Constraint | None = None  # the compiled grammar of sampling_params.structured_outputs
     # the prompt never changes: its length is read every step, so it is kept, not recounted
     num_prompt_tokens: int = field(init=False, default=0)
 

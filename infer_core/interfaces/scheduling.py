@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from infer_core.interfaces.constraints import Constraint
 from infer_core.interfaces.kv import KVAllocator
 from infer_core.interfaces.request import Request, RequestStatus
 from infer_core.sampling_params import SamplingParams
@@ -30,6 +31,7 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int
+    constraint: Constraint | None = None  # ``Request.constraint``: the runner gives the request a matcher of it
 
 
 @dataclass(slots=True)
@@ -95,6 +97,9 @@ class RunnerOutput:
     # it verifies none. There a sampled token is drawn from the residual (that distribution without the
     # draft token), the last one from the target's own. None: no draft verified, or not reported.
     draft_probs: list[list[float]] | None = None
+    # SamplingParams.prompt_logprobs: request id -> (index of the first prompt token scored this step, the
+    # logprobs of it and the tokens after it); only requests that asked and computed prompt positions
+    prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] | None = None
 
 
 class PendingOutput(ABC):

@@ -2,7 +2,7 @@
 
 Each row is one position; ``draft_ids[row]`` is the draft token it verifies (-1: none, e.g. the
 position after a request's last draft token, or a request that drafted nothing). For every row the
-target's distribution p is built as ``sample`` builds it (banned tokens, penalties, temperature,
+target's distribution p is built as ``sample`` builds it (logit bias, banned tokens, penalties, temperature,
 top-k, top-p, min-p; a greedy row's p is a point mass at its argmax), and two things come out:
 
 - ``draft_probs[row]`` = p(draft token), 0 where the row verifies none;
@@ -37,6 +37,9 @@ def sample_verified(logits: torch.Tensor, batch: SamplingBatch,
     """(one token per row of ``logits`` [R, V], drawn as above; ``draft_probs`` [R] float32)."""
     logits = logits.float()
     raw_logprobs = logits.log_softmax(dim=-1) if batch.max_num_logprobs is not None else None
+    if batch.logit_bias is not None:
+        rows, cols, biases = batch.logit_bias
+        logits = logits.index_put((rows, cols), biases, accumulate=True)
     if batch.banned is not None:
         rows, cols = batch.banned
         logits = logits.index_put((rows, cols), logits.new_full((), float("-inf")))

@@ -1,4 +1,4 @@
-"""From logits to token ids: penalties, temperature, top-k, top-p, min-p, seeded sampling.
+"""From logits to token ids: grammar masks, penalties, temperature, top-k, top-p, min-p, seeded sampling.
 
 Sampling uses the exponential race (``argmax(p / q)`` with ``q ~ Exp(1)``, equivalently the
 Gumbel-max ``argmax(z - log q)``), which draws from ``p`` exactly. A seeded request's ``q`` is
@@ -26,6 +26,7 @@ from types import ModuleType
 
 import torch
 
+from infer_core.layers.sampling.masks import apply_token_bitmask
 from infer_core.layers.sampling.philox import seed_key, seeded_exponential
 from infer_core.layers.sampling.thresholds import top_k_top_p_cut
 from infer_core.sampling_params import MIN_SAMPLING_TEMPERATURE
@@ -51,6 +52,10 @@ class SamplingBatch:
     output_counts: torch.Tensor | None = None  # [R, V] float32 occurrences of each token in the output
     seen_mask: torch.Tensor | None = None  # [R, V] bool, token in prompt or output
     banned: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, token ids) masked (min_tokens)
+    logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (rows, token ids, float32 biases) added
+    # Grammar masks (structured outputs): (rows [M] int64, bitmask [M, ceil(V/32)] int32); a token a row's
+    # bitmask does not allow is never sampled (interfaces/constraints.py has the layout)
+    allowed: tuple[torch.Tensor, torch.Tensor] | None = None
     generator: torch.Generator | None = None  # unseeded rows draw from it (the runner's, not torch's global)
     # Seeded rows: ``seeds`` [R] int64 Philox keys (``seed_key(seed)``) with ``is_seeded`` [R] bool and
     # ``positions`` [R] int64 (index of the output token being sampled). Lists (None = unseeded)
@@ -222,8 +227,8 @@ def _has_penalties(batch: SamplingBatch) -> bool:
 def takes_argmax(batch: SamplingBatch, logits: torch.Tensor) -> bool:
     """Whether ``sample`` gives each row's argmax of ``logits`` as they are (greedy; no penalties, banned tokens
     or logprobs): then ``greedy_argmax`` of them, e.g. captured in a CUDA graph, gives the same tokens."""
-    return (batch.all_greedy and batch.max_num_logprobs is None and batch.banned is None
-            and not _has_penalties(batch) and logits.dtype in _WIDENS_EXACTLY)
+    return (batch.all_greedy and batch.max_num_logprobs is None and batch.banned is None and batch.allowed is None
+            and batch.logit_bias is None and not _has_penalties(batch) and logits.dtype in _WIDENS_EXACTLY)
 
 
 def first_max(logits: torch.Tensor) -> torch.Tensor:
@@ -243,8 +248,9 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, use_fused: bool | None = 
     """Sample one token per row of ``logits`` [R, V] (any float dtype; the model's, typically bfloat16).
 
     The tokens are those of ``logits.float()``. bf16/fp16/fp32 logits are read as they are by the
-    greedy argmax and by the fused kernel when the batch has no penalties, banned tokens or
-    logprobs; otherwise (and on the torch path) they are converted to float32 first.
+    greedy argmax and by the fused kernel when the batch has no penalties, banned tokens, logit bias or
+    logprobs; otherwise (and on the torch path) they are converted to float32 first. Grammar masks
+    (``batch.allowed``) set logits to -inf in any dtype; on CUDA in place, in the logits given.
     ``use_fused``: None picks the fused kernel on CUDA when triton is installed; False forces the
     torch path; True forces the kernel (on CPU tensors too, under ``TRITON_INTERPRET=1``).
     """
@@ -254,14 +260,20 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, use_fused: bool | None = 
         if kernels is None and use_fused:
             raise RuntimeError("sample(use_fused=True) needs triton: pip install triton")
     reads_as_is = (logits.dtype in _WIDENS_EXACTLY and (batch.all_greedy or kernels is not None)
-                   and batch.max_num_logprobs is None and batch.banned is None and not _has_penalties(batch))
+                   and batch.max_num_logprobs is None and batch.banned is None and batch.logit_bias is None
+                   and not _has_penalties(batch))
     if not reads_as_is:
         logits = logits.float()
     out = SamplerOutput(token_ids=torch.empty(0))
     raw_logprobs = logits.log_softmax(dim=-1) if batch.max_num_logprobs is not None else None
+    if batch.logit_bias is not None:
+        rows, cols, biases = batch.logit_bias
+        logits = logits.index_put((rows, cols), biases, accumulate=True)
     if batch.banned is not None:
         rows, cols = batch.banned
         logits = logits.index_put((rows, cols), logits.new_full((), float("-inf")))  # a fill, not a host copy
+    if batch.allowed is not None:
+        logits = apply_token_bitmask(logits, *batch.allowed)
     logits = apply_penalties(logits, batch)
     if batch.all_greedy and kernels is not None and logits.dtype in _WIDENS_EXACTLY:
         token_ids = kernels.fused_argmax(_unit_stride(logits))

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from infer_core.interfaces import BatchMetadata, SchedulerOutput
+from infer_core.runner.prompt_logprobs import PromptLogprobPlan
 from infer_core.runner.state import RequestTable
 
 # The packed 1-D inputs, in order: per token, then per request (+1 for query_start_loc's end).
@@ -40,6 +41,8 @@ class StepInputs:
     # > 0 when pending_dst and pending_src are both 0..n-1 (steady decode: the batch in the previous step's
     # order, every row pending): then ``input_ids[:n] = previous_sampled[:n]``, one copy instead of a gather
     pending_prefix: int = 0
+    # Prompt logprobs: the positions whose logits score the next prompt token (the forward fills its logits)
+    prompt_plan: PromptLogprobPlan | None = None
 
 
 class StepBuffers:

@@ -7,9 +7,10 @@ A step (``execute_async``) runs in three stages, each one method:
    tokens the previous step sampled that the host has not seen yet are copied in on the device.
 2. forward: ``forward_step`` (cuda_graphs.py) replays that graph or calls ``forward_eager``, and
    gives the logits of the rows that sample.
-3. ``_sample``: the sampling batch (sampling_inputs.py) and the sampler, or a greedy decode batch's
-   argmax graph; the ids start their copy to the host (step_output.py) and stay on the device for
-   the next step's pending tokens. A step that verifies draft tokens samples in verify.py instead.
+3. ``_sample``: the sampling batch (sampling_inputs.py), the constrained rows' grammar masks
+   (constraints.py) and the sampler, or a greedy decode batch's argmax graph; the ids start their
+   copy to the host (step_output.py) and stay on the device for the next step's pending tokens.
+   A step that verifies draft tokens samples in verify.py instead.
 
 Start-up's dummy steps (the memory profile that sizes the KV cache, the kernel warm-up) are in
 warmup.py.
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
 
 import numpy as np
@@ -31,9 +31,10 @@ from infer_core.layers import fused
 from infer_core.layers.sampler import SamplerOutput, greedy_argmax, sample, takes_argmax
 from infer_core.loader import Catalog
 from infer_core.models.build import BuildContext
-from infer_core.platform import physical_cores
+from infer_core.platform import use_physical_cores
 from infer_core.models.weights import load_model_weights
 from infer_core.profiling import step_range
+from infer_core.runner.constraints import grammar_masks
 from infer_core.runner.cuda_graphs import (
     CudaGraphRunner,
     capture_sizes,
@@ -44,6 +45,7 @@ from infer_core.runner.cuda_graphs import (
 from infer_core.runner.draft_model import draft_model_for
 from infer_core.runner.inputs import StepBuffers, StepInputs, build_step_inputs
 from infer_core.runner.kv_cache import allocate_kv_caches, block_bytes
+from infer_core.runner.prompt_logprobs import plan_prompt_logprobs, score, wanting_prompt_logprobs
 from infer_core.runner.sampling_inputs import build_sampling_batch, to_device
 from infer_core.runner.state import RequestState, RequestTable
 from infer_core.runner.step_output import HostSlots, SampledStep
@@ -53,16 +55,6 @@ from infer_core.runner.warmup import profile_num_blocks, warm_up
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def use_physical_cores() -> None:
-    """The CPU computes on one thread per physical core, unless OMP_NUM_THREADS says otherwise (then torch
-    already follows it)."""
-    if "OMP_NUM_THREADS" not in os.environ:
-        threads = physical_cores()
-        if torch.get_num_threads() != threads:
-            logger.info("CPU: %d compute threads (one per physical core), not %d", threads, torch.get_num_threads())
-            torch.set_num_threads(threads)
 
 
 class ModelRunner:
@@ -99,6 +91,7 @@ class ModelRunner:
         # next step reads a request's pending token from here (overlapped scheduling).
         self.last_sampled: torch.Tensor | None = None
         self.last_sample_rows: dict[str, int] = {}
+        self.last_step: SampledStep | None = None  # its ids' host copy: grammar matchers' pending tokens
 
     @property
     def num_kv_heads(self) -> int:
@@ -216,16 +209,19 @@ class ModelRunner:
             return ReadyOutput(RunnerOutput())
         with step_range("infer.forward"):
             logits = forward_step(inputs, self.graphs, self, self.return_logits)
+        scored = score(inputs.prompt_plan, self.requests) if inputs.prompt_plan is not None else None
         if logits is None:  # nothing to sample
-            self.last_sampled, self.last_sample_rows = None, {}
+            self.last_sampled, self.last_sample_rows, self.last_step = None, {}, None
             return ReadyOutput(RunnerOutput(inputs.request_ids, [[] for _ in inputs.request_ids],
-                                            [None for _ in inputs.request_ids]))
-        if output.spec_token_ids:  # drafts to verify: each position's token and its draft's probability
-            self.last_sampled, self.last_sample_rows = None, {}  # no pending tokens while drafts are proposed
-            return verify_drafts(inputs, logits, output.spec_token_ids, self.requests, self.config.model.vocab_size,
+                                            [None for _ in inputs.request_ids], prompt_logprobs=scored))
+        step = self._sample(inputs, logits) if not output.spec_token_ids else None
+        if step is None:  # drafts to verify: each position's token and its draft's probability; no pending tokens
+            self.last_sampled, self.last_sample_rows, self.last_step = None, {}, None
+            step = verify_drafts(inputs, logits, output.spec_token_ids, self.requests, self.config.model.vocab_size,
                                  self.config.eos_token_ids, self.device, self.generator, self.host_slots,
                                  self.return_logits)
-        return self._sample(inputs, logits)
+        step.prompt_logprobs = scored
+        return step
 
     def _prepare(self, output: SchedulerOutput) -> StepInputs | None:
         """Stage 1: the request table brought up to date and the step's inputs in the persistent buffers,
@@ -234,9 +230,13 @@ class ModelRunner:
         self.requests.apply(output)
         if output.is_empty:
             return None
-        decode_graph, prefill_graph = graph_for(self.graphs, output)
+        scoring = wanting_prompt_logprobs(output, self.requests) if self.requests.num_prompt_logprobs else None
+        # prompt logprobs need the prompt positions' logits too, and a graph gives the sampled rows' only
+        decode_graph, prefill_graph = (None, None) if scoring else graph_for(self.graphs, output)
         inputs = build_step_inputs(output, self.requests, self.config.block_size, self.device, self.buffers,
                                    decode_graph, self.last_sample_rows, prefill_graph)
+        if scoring:
+            inputs.prompt_plan = plan_prompt_logprobs(scoring, inputs, output.num_scheduled_tokens, self.requests)
         if inputs.pending_prefix:  # steady decode: the previous step's ids, in order, are the first inputs
             inputs.input_ids[: inputs.pending_prefix].copy_(self.last_sampled[: inputs.pending_prefix])
         elif inputs.pending_dst is not None:
@@ -249,6 +249,8 @@ class ModelRunner:
         rows (None: no row samples, and the LM head does not run)."""
         metadata = self.attention.build_metadata(inputs.metadata)
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, metadata)
+        if inputs.prompt_plan is not None:  # prompt logprobs: the LM head on the positions that score them too
+            inputs.prompt_plan.logits = self.model.compute_logits(hidden.index_select(0, inputs.prompt_plan.rows))
         if not inputs.sample_rows:
             return None
         return self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
@@ -263,6 +265,9 @@ class ModelRunner:
                                          self.device, self.generator, token_table=self.requests.token_ids,
                                          pending=functools.partial(self._pending_ids, states, sampled_ids,
                                                                    self.last_sampled, self.last_sample_rows))
+            if self.requests.num_constrained:  # structured outputs: grammar masks, filled while the forward runs
+                batch.allowed = grammar_masks(self.requests, states, self.config.model.vocab_size, self.device,
+                                              self.last_step, self.last_sample_rows)
             greedy_ids = None
             if inputs.decode_graph is not None and len(inputs.sample_rows) == len(inputs.request_ids) \
                     and takes_argmax(batch, logits):  # the decode graph's argmax, replayed: no launch from here
@@ -277,8 +282,9 @@ class ModelRunner:
         self.last_sampled = result.token_ids
         self.last_sample_rows = {rid: i for i, rid in enumerate(sampled_ids)}
         slot = self.host_slots.take(result.token_ids.shape[0]) if self.host_slots is not None else None
-        return SampledStep(inputs.request_ids, inputs.sample_rows, states, result,
-                           logits if self.return_logits else None, slot)
+        self.last_step = SampledStep(inputs.request_ids, inputs.sample_rows, states, result,
+                                     logits if self.return_logits else None, slot)
+        return self.last_step
 
     def _pending_ids(self, states: list[RequestState], request_ids: list[str], last_sampled: torch.Tensor | None,
                      last_sample_rows: dict[str, int]) -> tuple[list[int], torch.Tensor] | None:

@@ -74,6 +74,18 @@ def _penalty_tensors(batch: SamplingBatch, states: list[RequestState], vocab_siz
     batch.seen_mask = seen.view(num_rows, vocab_size)
 
 
+def _bias_tensors(batch: SamplingBatch, params: list, device: torch.device) -> None:
+    """``logit_bias`` as (rows, token ids, biases) on the device, one copy each."""
+    rows, token_ids, biases = [], [], []
+    for row, p in enumerate(params):
+        for token_id, bias in (p.logit_bias or {}).items():
+            rows.append(row)
+            token_ids.append(token_id)
+            biases.append(bias)
+    index = to_device(np.array([rows, token_ids], dtype=np.int64), device)
+    batch.logit_bias = (index[0], index[1], to_device(np.array(biases, dtype=np.float32), device))
+
+
 def build_sampling_batch(
     states: list[RequestState], vocab_size: int, eos_token_ids: tuple[int, ...], device: torch.device,
     generator: torch.Generator | None = None, token_table: np.ndarray | None = None,
@@ -101,7 +113,8 @@ def build_sampling_batch(
         index = np.fromiter((position[id(p)] for p in params), dtype=np.intp, count=len(params))
     greedy = [p.is_greedy for p in distinct]
     all_greedy = all(greedy)
-    if all_greedy and not any(p.has_penalties or p.logprobs is not None or p.min_tokens for p in distinct):
+    if all_greedy and not any(p.has_penalties or p.logprobs is not None or p.min_tokens or p.logit_bias
+                              for p in distinct):
         return SamplingBatch(temperature=None, all_greedy=True, generator=generator)  # argmax needs nothing
     floats = np.array([[0.0 if g else float(p.temperature) for p, g in zip(distinct, greedy)],
                        [p.top_p for p in distinct], [p.min_p for p in distinct],
@@ -150,6 +163,8 @@ def build_sampling_batch(
     if banned_rows:
         banned = to_device(np.array([banned_rows, banned_ids], dtype=np.int64), device)
         batch.banned = (banned[0], banned[1])
+    if any(p.logit_bias for p in distinct):
+        _bias_tensors(batch, params, device)
     wanted = [p.logprobs for p in distinct if p.logprobs is not None]
     batch.max_num_logprobs = max(wanted) if wanted else None
     return batch

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from infer_core.interfaces import SchedulerOutput
+from infer_core.interfaces import ConstraintMatcher, SchedulerOutput
 from infer_core.sampling_params import SamplingParams
 
 
@@ -28,6 +28,9 @@ class RequestState:
     # Sampled by the previous step and not sent back yet (overlapped scheduling): they follow
     # ``token_ids``, and their ids are read from that step's sampled ids on the device.
     num_pending_tokens: int = 0
+    # Structured output: the grammar's matcher, and how many output tokens it has accepted so far.
+    matcher: ConstraintMatcher | None = None
+    num_matched: int = 0
 
     @property
     def num_output_tokens(self) -> int:
@@ -62,6 +65,8 @@ class RequestTable(Mapping[str, RequestState]):
         self.token_ids = np.zeros((num_rows, max_tokens), dtype=np.int32)
         self.block_table = np.zeros((num_rows, max_blocks), dtype=np.int32)
         self.num_computed_tokens = np.zeros(num_rows, dtype=np.int32)
+        self.num_constrained = 0  # requests with a grammar matcher: 0 keeps the sampler's path free of them
+        self.num_prompt_logprobs = 0  # requests that want prompt logprobs: 0 keeps the step's path free of them
 
     # Mapping ---------------------------------------------------------------------------------
     def __getitem__(self, request_id: str) -> RequestState:
@@ -99,6 +104,14 @@ class RequestTable(Mapping[str, RequestState]):
         state = self._states.pop(request_id, None)
         if state is not None:
             self._free_rows.append(state.row)
+            self.num_constrained -= state.matcher is not None
+            self.num_prompt_logprobs -= state.sampling_params.prompt_logprobs is not None
+
+    def release_matcher(self, state: RequestState) -> None:
+        """Stop constraining a request (runner/constraints.py: its matcher was handed a token it does not allow)."""
+        if state.matcher is not None:
+            state.matcher = None
+            self.num_constrained -= 1
 
     def clear(self) -> None:
         for request_id in list(self._states):
@@ -112,6 +125,10 @@ class RequestTable(Mapping[str, RequestState]):
             self.remove(new.request_id)  # resumed after preemption: rebuilt from scratch
             state = RequestState(new.request_id, list(new.token_ids), new.num_prompt_tokens, new.sampling_params,
                                  list(new.block_ids), new.num_computed_tokens, self._take_row())
+            if new.constraint is not None:  # resumed after preemption too: a new matcher catches up on the outputs
+                state.matcher = new.constraint.matcher()
+                self.num_constrained += 1
+            self.num_prompt_logprobs += new.sampling_params.prompt_logprobs is not None
             self._states[new.request_id] = state
             self._write_tokens(state.row, 0, state.token_ids)
             self._write_blocks(state.row, 0, state.block_ids)

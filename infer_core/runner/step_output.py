@@ -83,6 +83,13 @@ class SampledStep(PendingOutput):
             self.copied = torch.cuda.Event()
             self.copied.record()
         self._output: RunnerOutput | None = None
+        self.prompt_logprobs = None  # RunnerOutput.prompt_logprobs of this step, set by the runner
+
+    def host_token_ids(self) -> torch.Tensor:
+        """The sampled ids [rows] on the host, once their copy is done (waits for it)."""
+        if self.copied is not None:
+            self.copied.synchronize()
+        return self.token_ids
 
     def result(self) -> RunnerOutput:
         if self._output is None:
@@ -112,7 +119,7 @@ class SampledStep(PendingOutput):
                 if logprobs[row] is None:
                     logprobs[row] = []
                 logprobs[row].append(entry)
-        output = RunnerOutput(self.request_ids, sampled, logprobs)
+        output = RunnerOutput(self.request_ids, sampled, logprobs, prompt_logprobs=self.prompt_logprobs)
         if self.logits is not None:
             host = self.logits.float().cpu()
             rows = torch.tensor(self.sample_rows)

@@ -56,8 +56,9 @@ def sampling_error(error: ValueError) -> OpenAIError:
 
 
 async def submit(state: ServerState, request_id: str, prompts: list[PromptInput],
-                 params_for: Callable[[PromptInput], SamplingParams]) -> list[Submitted]:
-    """Queue every prompt; on any failure, abort those already queued and raise the HTTP error."""
+                 params_for: Callable[[PromptInput], SamplingParams], priority: int = 0) -> list[Submitted]:
+    """Queue every prompt (at ``priority``: lower runs first under the priority scheduler); on any failure,
+    abort those already queued and raise the HTTP error."""
     state.require_ready()
     try:
         params = [params_for(p) for p in prompts]
@@ -67,7 +68,7 @@ async def submit(state: ServerState, request_id: str, prompts: list[PromptInput]
     try:
         for index, (prompt, sp) in enumerate(zip(prompts, params)):
             rid = request_id if len(prompts) == 1 else f"{request_id}-{index}"
-            stream = await state.engine.add_request(rid, prompt.token_ids, sp)
+            stream = await state.engine.add_request(rid, prompt.token_ids, sp, priority=priority)
             submitted.append(Submitted(index, prompt, stream))
     except BaseException as e:
         abort_unfinished(state, submitted)

@@ -19,12 +19,23 @@ from infer_core.server.response_schemas import (
     ImplementationStatus,
     LoadedPlugin,
     ModelCard,
+    ModelFeatures,
     ModelList,
     PluginsReport,
     TokenizeResponse,
 )
 from infer_core.server.schemas import DetokenizeRequest, TokenizeRequest
 from infer_core.server.state import ServerState, render_chat
+from infer_core.server.tool_parsers import PARSERS
+from infer_core.server.unsupported import unsupported_fields
+
+# what the chat and completions routes implement beyond sampling, for /v1/models
+FEATURES = {
+    "response_format": ["text", "json_object", "json_schema"],
+    "structured_outputs": ["json", "json_object", "regex", "choice", "grammar"],  # and guided_<name>
+    "tool_choice": ["none", "auto", "required", "function"],
+    "tool_call_parsers": list(PARSERS),
+}
 
 _ERRORS = (400, 404, 413, 415, 503)
 
@@ -35,10 +46,10 @@ def _state(request: Request) -> ServerState:
 
 @get("/v1/models", responses=documented(ModelList, "the served model"))
 async def list_models(request: Request) -> ModelList:
-    """The served model (OpenAI's model list), with its context length once loaded."""
+    """The served model (OpenAI's model list), with its context length once loaded and the features served."""
     state = _state(request)
     card = ModelCard(state.model_name, "model", state.created, "infer", state.model_name, None,
-                     state.max_model_len or None)
+                     state.max_model_len or None, ModelFeatures(**FEATURES, unsupported_fields=unsupported_fields()))
     return ModelList("list", [card])
 
 

@@ -11,11 +11,29 @@ from litestar import Request, Response, post
 from litestar.response import Stream
 
 from infer_core.outputs import RequestOutput
+from infer_core.server.best_of import best_completions, with_candidates
 from infer_core.server.errors import OpenAIError, bad_request, envelope
-from infer_core.server.generation import PromptInput, Submitted, collect, completion_budget, merged, submit
-from infer_core.server.http import DISCONNECTED, JSONBody, require_ready, unless_disconnected
+from infer_core.server.generation import (
+    PromptInput,
+    Submitted,
+    collect,
+    completion_budget,
+    merged,
+    submit,
+)
+from infer_core.server.http import (
+    DISCONNECTED,
+    JSONBody,
+    require_ready,
+    unless_disconnected,
+)
 from infer_core.server.openapi import documented
 from infer_core.server.prompt_bound import check_text, check_token_ids
+from infer_core.server.prompt_logprobs import (
+    echoed_logprobs,
+    joined,
+    vllm_prompt_logprobs,
+)
 from infer_core.server.response_schemas import (
     AssistantMessage,
     ChatChoice,
@@ -24,9 +42,22 @@ from infer_core.server.response_schemas import (
     CompletionChoice,
     Usage,
 )
-from infer_core.server.responses import DONE, chat_logprobs, completion_logprobs, sse, usage
+from infer_core.server.responses import (
+    DONE,
+    chat_logprobs,
+    completion_logprobs,
+    sse,
+    usage,
+)
 from infer_core.server.schemas import ChatCompletionRequest, CompletionRequest
-from infer_core.server.state import ServerState, render_chat
+from infer_core.server.state import ServerState
+from infer_core.server.tool_chat import (
+    chat_prompt,
+    choice_delta,
+    structured_spec,
+    tool_plan,
+)
+from infer_core.server.tools import ToolPlan
 
 CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, the log does
 _ERRORS = (400, 404, 413, 415, 503)
@@ -66,22 +97,24 @@ async def _sse_events(state: ServerState, submitted: list[Submitted], chunks, in
     yield DONE
 
 
-def _check_common(state: ServerState, body: ChatCompletionRequest | CompletionRequest, num_prompts: int) -> None:
-    """Checks chat and completions share, before any tokenizing: model, readiness, queue room."""
+def _check_common(state: ServerState, body: ChatCompletionRequest | CompletionRequest, num_prompts: int,
+                  num_candidates: int) -> None:
+    """Checks chat and completions share, before any tokenizing: model, readiness, priority, token ids, queue room."""
     state.check_model(body.model)
     state.require_ready()
-    state.check_queue(num_prompts * body.num_choices)
+    if body.priority and state.settings.scheduler != "priority":
+        raise bad_request(f"priority={body.priority} needs the priority scheduler, and this server runs "
+                          f"{state.settings.scheduler!r}: start it with --scheduler priority, or send priority 0",
+                          param="priority")
+    vocab_size = len(state.tokenizer) if state.tokenizer is not None else None
+    if body.stop_token_ids:
+        check_token_ids([body.stop_token_ids], vocab_size, "stop_token_ids")
+    if body.logit_bias:
+        check_token_ids([[int(token) for token in body.logit_bias]], vocab_size, "logit_bias")
+    state.check_queue(num_prompts * num_candidates)
 
 
 # chat ------------------------------------------------------------------------------------------
-
-def _chat_prompt(state: ServerState, body: ChatCompletionRequest) -> PromptInput:
-    """Render, bound and tokenize the conversation (runs on the tokenizer thread)."""
-    text = render_chat(state, body.messages, body.add_generation_prompt is not False, body.template_kwargs())
-    check_text(state.tokenizer, text, state.max_model_len, "the messages, formatted by the chat template, are",
-               "messages")
-    return PromptInput(text, state.tokenizer.encode(text, add_special_tokens=False))
-
 
 @post("/v1/chat/completions", status_code=200, dto=JSONBody, return_dto=None, guards=[require_ready],
       responses=documented(ChatCompletion, "the completion (application/json), or with stream=true its chunks "
@@ -90,48 +123,60 @@ async def chat_completions(request: Request, data: ChatCompletionRequest) -> Res
     """Chat through the model's chat template (OpenAI's chat completions)."""
     state = _state(request)
     body = data
-    _check_common(state, body, num_prompts=1)
+    _check_common(state, body, num_prompts=1, num_candidates=body.num_choices)
     num_logprobs = body.num_logprobs()
-    prompt = await state.tokenize(_chat_prompt, state, body)
+    tools = tool_plan(state, body)
+    spec = structured_spec(body, tools)
+    prompt = await state.tokenize(chat_prompt, state, body, tools)
     max_tokens = completion_budget(state, len(prompt.token_ids), body.requested_max_tokens(),
                                    "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
                                    prompt_param="messages")
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     submitted = await submit(state, request_id, [prompt],
-                             lambda p: body.sampling_params(state.defaults, max_tokens, num_logprobs))
+                             lambda p: body.sampling_params(state.defaults, max_tokens, num_logprobs, spec),
+                             priority=body.priority or 0)
     created = int(time.time())
     top = num_logprobs or 0
     if body.is_stream:
         base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": state.model_name}
-        return _stream_response(_chat_events(state, submitted, body, base, top))
+        return _stream_response(_chat_events(state, submitted, body, base, top, tools))
     done = await unless_disconnected(request, collect(state, submitted))
     if done is DISCONNECTED:
         return Response(b"", status_code=CLIENT_CLOSED)
     final = submitted[0].final
-    choices = [ChatChoice(c.index, AssistantMessage("assistant", c.text), chat_logprobs(c, top), c.finish_reason)
-               for c in final.outputs]
+    choices = []
+    for c in final.outputs:
+        message, finish_reason = (tools.message(c.text, c.finish_reason) if tools is not None
+                                  else (AssistantMessage("assistant", c.text), c.finish_reason))
+        choices.append(ChatChoice(c.index, message, chat_logprobs(c, top), finish_reason))
     return Response(ChatCompletion(request_id, "chat.completion", created, state.model_name, choices,
                                    _usage(submitted)))
 
 
 def _chat_events(state: ServerState, submitted: list[Submitted], body: ChatCompletionRequest, base: dict[str, Any],
-                 top: int) -> AsyncIterator[str]:
+                 top: int, tools: ToolPlan | None) -> AsyncIterator[str]:
     started: set[int] = set()
+    streams = {}  # choice index -> its ToolCallStream (tool calls are split from the content)
 
     def chunks(_: Submitted, output: RequestOutput):
         for c in output.outputs:
+            if tools is not None and c.index not in streams:
+                streams[c.index] = tools.stream()
+            text, calls, finish_reason = choice_delta(tools, streams.get(c.index), c)
             has_logprobs = bool(c.delta_token_ids) and c.logprobs is not None
-            if not (c.delta_text or has_logprobs or c.finished) and c.index in started:
-                continue  # tokens whose text is held back (part of a character or of a stop string)
+            if not (text or calls or has_logprobs or c.finished) and c.index in started:
+                continue  # tokens whose text is held back (part of a character, a stop string or a tool call)
             delta: dict[str, Any] = {}
             if c.index not in started:
                 started.add(c.index)
                 delta["role"] = "assistant"
-            if c.delta_text or "role" in delta:
-                delta["content"] = c.delta_text
+            if text or "role" in delta:
+                delta["content"] = text
+            if calls:
+                delta["tool_calls"] = calls
             logprobs = chat_logprobs(c, top, delta_only=True) if c.delta_token_ids else None
             yield {"choices": [{"index": c.index, "delta": delta, "logprobs": logprobs,
-                                "finish_reason": c.finish_reason if c.finished else None}]}
+                                "finish_reason": finish_reason}]}
 
     return _sse_events(state, submitted, chunks, body.include_usage, base)
 
@@ -150,6 +195,11 @@ def _text_prompts(state: ServerState, texts: list[str]) -> list[PromptInput]:
     return [PromptInput(text, state.tokenizer.encode(text)) for text in texts]
 
 
+def _decoder(state: ServerState):
+    tokenizer = state.tokenizer
+    return (lambda token_id: tokenizer.decode([token_id])) if tokenizer is not None else (lambda t: f"<token {t}>")
+
+
 def _echo_text(state: ServerState, prompt: PromptInput) -> str:
     if prompt.text is not None:
         return prompt.text
@@ -164,7 +214,10 @@ async def completions(request: Request, data: CompletionRequest) -> Response:
     state = _state(request)
     body = data
     raw = body.prompts()
-    _check_common(state, body, num_prompts=len(raw))
+    _check_common(state, body, num_prompts=len(raw), num_candidates=body.num_candidates)
+    scores_prompt = bool(body.echo) and body.logprobs is not None  # echo with logprobs scores the prompt's tokens
+    prompt_logprobs = max(body.logprobs, body.prompt_logprobs or 0) if scores_prompt else body.prompt_logprobs
+    spec = body.structured_spec()
     if isinstance(raw[0], str):
         if state.tokenizer is None:
             raise bad_request("this model has no tokenizer: send the prompt as token ids", param="prompt")
@@ -177,7 +230,10 @@ async def completions(request: Request, data: CompletionRequest) -> Response:
                for p in prompts}
     request_id = f"cmpl-{uuid.uuid4().hex}"
     submitted = await submit(state, request_id, prompts,
-                             lambda p: body.sampling_params(state.defaults, budgets[id(p)], body.logprobs))
+                             lambda p: with_candidates(body.sampling_params(state.defaults, budgets[id(p)],
+                                                                            body.logprobs, spec, prompt_logprobs),
+                                                       body.num_candidates),
+                             priority=body.priority or 0)
     created = int(time.time())
     n = body.num_choices
     top = body.logprobs or 0
@@ -190,32 +246,48 @@ async def completions(request: Request, data: CompletionRequest) -> Response:
     choices = []
     for item in submitted:
         prefix = _echo_text(state, item.prompt) if body.echo else ""
-        for c in item.final.outputs:
-            choices.append(CompletionChoice(item.index * n + c.index, prefix + c.text,
-                                            completion_logprobs(c, top, len(prefix)), c.finish_reason))
+        outputs = item.final.outputs
+        if body.num_candidates > n:
+            outputs = best_completions(outputs, n, keep_logprobs=body.logprobs is not None)
+        for c in outputs:
+            logprobs = completion_logprobs(c, top, len(prefix))
+            if scores_prompt:
+                logprobs = joined(echoed_logprobs(item.final, top, _decoder(state)), logprobs)
+            scored = vllm_prompt_logprobs(item.final) if body.prompt_logprobs is not None else None
+            choices.append(CompletionChoice(item.index * n + c.index, prefix + c.text, logprobs, c.finish_reason,
+                                            scored))
     return Response(Completion(request_id, "text_completion", created, state.model_name, choices, _usage(submitted)))
 
 
 def _completion_events(state: ServerState, submitted: list[Submitted], body: CompletionRequest,
                        base: dict[str, Any], top: int) -> AsyncIterator[str]:
-    echoed: set[int] = set()
+    first: set[int] = set()  # choices whose first chunk was sent (it carries the echo and the prompt's logprobs)
     offsets: dict[int, int] = {}
+    scores_prompt = bool(body.echo) and body.logprobs is not None
 
     def chunks(item: Submitted, output: RequestOutput):
         for c in output.outputs:
             index = item.index * body.num_choices + c.index
             text = c.delta_text
-            if body.echo and index not in echoed:
-                echoed.add(index)
-                text = _echo_text(state, item.prompt) + text
+            starts = index not in first
+            if body.echo and starts:
+                echo = _echo_text(state, item.prompt)
+                text = echo + text
+                offsets[index] = len(echo)
             has_logprobs = bool(c.delta_token_ids) and c.logprobs is not None
             if not (text or has_logprobs or c.finished):
                 continue  # tokens whose text is held back (part of a character or of a stop string)
+            first.add(index)
             logprobs = None
             if c.delta_token_ids and c.logprobs is not None:
                 logprobs = completion_logprobs(c, top, offsets.get(index, 0), delta_only=True)
                 offsets[index] = offsets.get(index, 0) + sum(len(t) for t in logprobs.tokens)
-            yield {"choices": [{"index": index, "text": text, "logprobs": logprobs,
-                                "finish_reason": c.finish_reason if c.finished else None}]}
+            if scores_prompt and starts:
+                logprobs = joined(echoed_logprobs(output, top, _decoder(state)), logprobs)
+            choice = {"index": index, "text": text, "logprobs": logprobs,
+                      "finish_reason": c.finish_reason if c.finished else None}
+            if starts and body.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = vllm_prompt_logprobs(output)
+            yield {"choices": [choice]}
 
     return _sse_events(state, submitted, chunks, body.include_usage, base)

@@ -22,7 +22,15 @@ from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
 from pydantic.json_schema import models_json_schema
 
 from infer_core.server import response_schemas as out
-from infer_core.server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from infer_core.server.request_types import TOKEN_ID_MARK
+from infer_core.server.schemas import (
+    PRIORITY_MARK,
+    TOKEN_KEYS_MARK,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 
 REF = "#/components/schemas/{name}"
 REQUESTS = (ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest)
@@ -30,7 +38,6 @@ RESPONSES = (out.ChatCompletion, out.ChatCompletionChunk, out.Completion, out.Co
              out.TokenizeResponse, out.DetokenizeResponse, out.Health, out.PluginsReport, out.ErrorResponse)
 STREAMS = {"/v1/chat/completions": "ChatCompletionChunk", "/v1/completions": "CompletionChunk"}
 PUBLIC = ("/health", "/metrics")  # the routes --api-key does not guard
-TOKEN_ID_MARK = "x-token-id"  # set on token-id fields; becomes "maximum" once the vocabulary is known
 
 _ERRORS = {
     400: "the body or a field is invalid (param names it), or the prompt does not fit the context "
@@ -82,7 +89,7 @@ class OpenAPIDocument:
         loaded = vocab_size is not None
         if self._cached is None or self._cached[0] != loaded:
             document = build_document(request.app.openapi_schema.to_schema(), self.api_key_required,
-                                      server.model_name, vocab_size)
+                                      server.model_name, vocab_size, server.settings.scheduler == "priority")
             self._cached = (loaded, msgspec.json.encode(document))
         return self._cached[1]
 
@@ -96,7 +103,7 @@ def component_schemas() -> dict[str, Any]:
 
 
 def build_document(litestar_document: dict[str, Any], api_key_required: bool, model_name: str,
-                   vocab_size: int | None) -> dict[str, Any]:
+                   vocab_size: int | None, serves_priority: bool = True) -> dict[str, Any]:
     document = copy.deepcopy(litestar_document)
     schemas = component_schemas()
     document.setdefault("components", {})["schemas"] = schemas
@@ -117,7 +124,7 @@ def build_document(litestar_document: dict[str, Any], api_key_required: bool, mo
         model_property = schemas[name]["properties"].get("model")
         if model_property is not None:
             model_property["examples"] = [model_name]
-    _fill_token_id_range(schemas, vocab_size)
+    _fill_server_limits(schemas, vocab_size, serves_priority)
     return document
 
 
@@ -137,13 +144,39 @@ def _event_stream(chunk: str) -> dict[str, Any]:
     return {"schema": event}
 
 
-def _fill_token_id_range(node: Any, vocab_size: int | None) -> None:
-    """Token-id fields get the loaded vocabulary's largest id as their maximum."""
+def _fill_server_limits(node: Any, vocab_size: int | None, serves_priority: bool) -> None:
+    """Token-id fields get the loaded vocabulary's range (logit_bias keys as a pattern); ``priority`` is 0
+    only unless the priority scheduler runs."""
     if isinstance(node, dict):
         if node.pop(TOKEN_ID_MARK, None) and vocab_size:
             node["maximum"] = vocab_size - 1
+        if node.pop(TOKEN_KEYS_MARK, None):  # pydantic writes the keys' pattern as patternProperties
+            (pattern, values), = node.pop("patternProperties").items()
+            if vocab_size:
+                pattern = f"^({integers_up_to(vocab_size - 1)})$"
+            node["propertyNames"] = {"pattern": pattern}
+            node["additionalProperties"] = values
+        if node.pop(PRIORITY_MARK, None) and not serves_priority:
+            node["const"] = 0
+            node["description"] = "0 only: this server runs another scheduler than priority"
         for value in node.values():
-            _fill_token_id_range(value, vocab_size)
+            _fill_server_limits(value, vocab_size, serves_priority)
     elif isinstance(node, list):
         for value in node:
-            _fill_token_id_range(value, vocab_size)
+            _fill_server_limits(value, vocab_size, serves_priority)
+
+
+def integers_up_to(largest: int) -> str:
+    """A regular expression (no anchors) of the decimal integers 0..``largest``, without leading zeros."""
+    top = str(largest)
+    width = len(top)
+    alternatives = ["[0-9]"] if width > 1 else []  # the shorter numbers
+    if width > 2:
+        alternatives.append(f"[1-9][0-9]{{1,{width - 2}}}")
+    for i, digit in enumerate(top):  # as long as ``top``: a prefix of it, then a smaller digit, then any digits
+        low = 1 if i == 0 and width > 1 else 0
+        if int(digit) > low:
+            alternatives.append(f"{top[:i]}[{low}-{int(digit) - 1}]" + (f"[0-9]{{{width - i - 1}}}"
+                                                                          if i < width - 1 else ""))
+    alternatives.append(top)
+    return "|".join(alternatives)

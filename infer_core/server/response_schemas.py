@@ -12,7 +12,7 @@ from typing import Literal
 
 import msgspec
 
-FinishReason = Literal["stop", "length", "abort"]
+FinishReason = Literal["stop", "length", "abort", "tool_calls"]  # tool_calls: stopped after calling tools
 
 
 class _Out(msgspec.Struct, omit_defaults=True):
@@ -47,9 +47,30 @@ class ChatLogprobs(_Out):
     content: list[ChatTokenLogprob]
 
 
+class CalledFunction(_Out):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCallOut(_Out):
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
+class ToolCallDelta(_Out):
+    """A streamed call: each call comes whole, in the choice's last chunk."""
+
+    index: int
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class AssistantMessage(_Out):
     role: Literal["assistant"]
-    content: str
+    content: str | None  # null when the output is tool calls only
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(_Out):
@@ -71,6 +92,7 @@ class ChatCompletion(_Out):
 class ChatDelta(_Out):
     role: Literal["assistant"] | None = None  # in each choice's first chunk
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(_Out):
@@ -92,10 +114,18 @@ class ChatCompletionChunk(_Out):
 
 
 class CompletionLogprobs(_Out):
+    """With echo, the prompt's tokens first: the first has no logprob (nothing precedes it)."""
+
     tokens: list[str]
-    token_logprobs: list[float]
+    token_logprobs: list[float | None]
     top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
+
+
+class PromptTokenLogprob(_Out):
+    logprob: float
+    rank: int | None
+    decoded_token: str | None
 
 
 class CompletionChoice(_Out):
@@ -103,6 +133,8 @@ class CompletionChoice(_Out):
     text: str
     logprobs: CompletionLogprobs | None
     finish_reason: FinishReason | None  # null only in stream chunks before the last
+    # vLLM's prompt_logprobs: per prompt token, {token id: its logprob} (the first token: null)
+    prompt_logprobs: list[dict[str, PromptTokenLogprob] | None] | None = None
 
 
 class Completion(_Out):
@@ -125,6 +157,16 @@ class CompletionChunk(_Out):
     usage: Usage | None = None
 
 
+class ModelFeatures(_Out):
+    """What chat and completions implement beyond sampling, and the fields they refuse when set."""
+
+    response_format: list[str]
+    structured_outputs: list[str]  # also as vLLM's guided_<name> fields
+    tool_choice: list[str]
+    tool_call_parsers: list[str]
+    unsupported_fields: dict[str, list[str]]  # endpoint -> fields refused with a 400 when set
+
+
 class ModelCard(_Out):
     id: str
     object: Literal["model"]
@@ -133,6 +175,7 @@ class ModelCard(_Out):
     root: str
     parent: None
     max_model_len: int | None = None  # once the model is loaded
+    features: ModelFeatures | None = None
 
 
 class ModelList(_Out):

@@ -12,48 +12,44 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    field_validator,
+)
 
-from infer_core.sampling_params import SamplingParams
+from infer_core.sampling_params import SamplingParams, StructuredOutputs
 from infer_core.server.errors import bad_request
+from infer_core.server.request_types import (
+    Count,
+    Int,
+    NonEmptyStr,
+    NonNegative,
+    NumChoices,
+    NumLogprobs,
+    RequestModel,
+    TokenId,
+    TokenIds,
+    TopK,
+    conditional,
+)
+from infer_core.server.structured import ONE_GRAMMAR, StructuredFields
+from infer_core.server.tools import TOOL_RULES, ToolFields
 
-MAX_N = 128  # completions per prompt, as OpenAI's limit
-MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's limit
+PRIORITY_MARK = "x-priority"  # openapi.py: 0 only, unless the server runs the priority scheduler
+TOKEN_KEYS_MARK = "x-token-id-keys"  # openapi.py: the object's keys are token ids of the loaded vocabulary
+Bias = Annotated[float, Field(ge=-100, le=100)]
+Priority = Annotated[Int, Field(json_schema_extra={PRIORITY_MARK: True})]
+TokenKey = Annotated[StrictStr, Field(pattern=r"^(0|[1-9][0-9]{0,9})$")]  # a token id as a JSON key
 
-
-def _whole_number(value: Any) -> Any:
-    """JSON Schema's integers include 2.0 (a number without a fraction), so the server reads 2.0 as 2."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
-# integers, or numbers without a fraction; not booleans and not strings of digits (the range is checked
-# on the integer, before the number is converted, so the JSON Schema keeps its minimum and maximum)
-_WHOLE = BeforeValidator(_whole_number)
-Int = Annotated[StrictInt, _WHOLE]
-Count = Annotated[StrictInt, Field(ge=1), _WHOLE]
-NonNegative = Annotated[StrictInt, Field(ge=0), _WHOLE]
-NumChoices = Annotated[StrictInt, Field(ge=1, le=MAX_N), _WHOLE]
-NumLogprobs = Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS), _WHOLE]
-TopK = Annotated[StrictInt, Field(ge=-1), _WHOLE]
-# a token id of the served model: /openapi.json states the largest once the model is loaded (openapi.py)
-TokenId = Annotated[StrictInt, Field(ge=0, json_schema_extra={"x-token-id": True}), _WHOLE]
-NonEmptyStr = Annotated[StrictStr, Field(min_length=1)]
-TokenIds = Annotated[list[TokenId], Field(min_length=1)]
-
-
-class _Body(BaseModel):
-    # strict: "1.5" is not a number and true is not 1; no NaN or infinities (1e400 parses as one)
-    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
-
-    def check(self) -> None:
-        """The rules that span fields (the schema's ``if``/``then``); 400 naming the field."""
-
-
-class StreamOptions(_Body):
+class StreamOptions(RequestModel):
     include_usage: StrictBool | None = Field(None, description="end the stream with a chunk holding `usage`")
 
 
-class TextPart(_Body):
+class TextPart(RequestModel):
     type: Literal["text"]
     text: StrictStr
 
@@ -66,12 +62,12 @@ class TextPart(_Body):
         return value
 
 
-class ToolCallFunction(_Body):
+class ToolCallFunction(RequestModel):
     name: StrictStr
     arguments: StrictStr = Field(description="the arguments as a JSON string")
 
 
-class ToolCall(_Body):
+class ToolCall(RequestModel):
     id: StrictStr
     type: Literal["function"]
     function: ToolCallFunction
@@ -99,15 +95,11 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
-def _conditional(if_present: str, if_schema: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:
-    return {"if": {"required": [if_present], "properties": {if_present: if_schema}}, "then": then}
-
-
-_STREAM_OPTIONS_NEED_STREAM = _conditional("stream_options", {"type": "object"},
+_STREAM_OPTIONS_NEED_STREAM = conditional("stream_options", {"type": "object"},
                                            {"required": ["stream"], "properties": {"stream": {"const": True}}})
 
 
-class _SamplingFields(_Body):
+class _SamplingFields(StructuredFields, RequestModel):
     """The fields chat and completions share; null (or absent) means "the model's default, else OpenAI's"."""
 
     model: StrictStr | None = Field(None, description="the served model's name (GET /v1/models); absent: that one")
@@ -120,7 +112,7 @@ class _SamplingFields(_Body):
     min_p: Annotated[float, Field(ge=0, le=1)] | None = None
     n: NumChoices | None = Field(None, description="completions per prompt")
     stop: NonEmptyStr | list[NonEmptyStr] | None = Field(None, description="strings that end a completion")
-    stop_token_ids: list[NonNegative] | None = Field(None, description="token ids that end a completion")
+    stop_token_ids: list[TokenId] | None = Field(None, description="token ids that end a completion")
     seed: Int | None = Field(None, description="makes the samples reproducible (any integer, used mod 2**64)")
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
@@ -131,6 +123,11 @@ class _SamplingFields(_Body):
     min_tokens: NonNegative | None = Field(
         None, description="tokens to generate before a stop may end the completion; at most max_tokens")
     skip_special_tokens: StrictBool | None = Field(None, description="leave special tokens out of the text (default)")
+    include_stop_str_in_output: StrictBool | None = Field(None, description="keep the stop string in the text")
+    priority: Priority | None = Field(
+        None, description="lower runs first (vLLM's); other than 0 only under --scheduler priority")
+    logit_bias: Annotated[dict[TokenKey, Bias], Field(json_schema_extra={TOKEN_KEYS_MARK: True})] | None = Field(
+        None, description="token id (as a string) -> added to its logit, in [-100, 100]")
     user: StrictStr | None = Field(None, description="OpenAI's end-user id: accepted, not used by this server")
 
     @field_validator("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
@@ -161,10 +158,13 @@ class _SamplingFields(_Body):
         return self.max_tokens
 
     def check(self) -> None:
+        super().check()
         if self.stream_options is not None and not self.is_stream:
             raise bad_request("stream_options is only allowed with stream=true", param="stream_options")
 
-    def sampling_params(self, defaults: dict[str, Any], max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, defaults: dict[str, Any], max_tokens: int, logprobs: int | None,
+                        structured_outputs: StructuredOutputs | None = None,
+                        prompt_logprobs: int | None = None) -> SamplingParams:
         """SamplingParams for this body; ValueError (naming the field) on a bad value."""
 
         def pick(name: str, fallback: Any) -> Any:
@@ -180,14 +180,17 @@ class _SamplingFields(_Body):
             repetition_penalty=float(pick("repetition_penalty", 1.0)), max_tokens=max_tokens,
             min_tokens=pick("min_tokens", 0), stop=stop, stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=bool(self.ignore_eos), logprobs=logprobs,
-            skip_special_tokens=True if self.skip_special_tokens is None else self.skip_special_tokens)
+            skip_special_tokens=True if self.skip_special_tokens is None else self.skip_special_tokens,
+            include_stop_str_in_output=bool(self.include_stop_str_in_output), structured_outputs=structured_outputs,
+            prompt_logprobs=prompt_logprobs,
+            logit_bias={int(token): float(bias) for token, bias in self.logit_bias.items()} if self.logit_bias else None)
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(ToolFields, _SamplingFields):
     model_config = ConfigDict(json_schema_extra={"allOf": [
-        _STREAM_OPTIONS_NEED_STREAM,
-        _conditional("top_logprobs", {"type": "integer", "minimum": 1},
-                     {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}})]})
+        _STREAM_OPTIONS_NEED_STREAM, ONE_GRAMMAR, *TOOL_RULES,
+        conditional("top_logprobs", {"type": "integer", "minimum": 1},
+                    {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}})]})
 
     messages: list[ChatMessage] = Field(min_length=1, description="the conversation, formatted by the chat template")
     max_completion_tokens: Count | None = Field(
@@ -225,9 +228,7 @@ RESERVED_TEMPLATE_KWARGS = frozenset({
 
 
 class CompletionRequest(_SamplingFields):
-    model_config = ConfigDict(json_schema_extra={"allOf": [
-        _STREAM_OPTIONS_NEED_STREAM,
-        _conditional("echo", {"const": True}, {"properties": {"logprobs": {"type": "null"}}})]})
+    model_config = ConfigDict(json_schema_extra={"allOf": [_STREAM_OPTIONS_NEED_STREAM, ONE_GRAMMAR]})
 
     prompt: NonEmptyStr | TokenIds | Annotated[list[NonEmptyStr], Field(min_length=1)] | Annotated[
         list[TokenIds], Field(min_length=1)] = Field(
@@ -235,16 +236,30 @@ class CompletionRequest(_SamplingFields):
                     "in the model's vocabulary")
     logprobs: NumLogprobs | None = Field(
         None, description="return logprobs with this many alternatives per token")
-    echo: StrictBool | None = Field(None, description="prefix each choice with its prompt (not with logprobs)")
+    echo: StrictBool | None = Field(
+        None, description="prefix each choice with its prompt; with logprobs, the prompt's tokens are scored too")
+    prompt_logprobs: NumLogprobs | None = Field(
+        None, description="vLLM's: each prompt token's logprob and this many alternatives, in the choice")
+    best_of: NumChoices | None = Field(
+        None, description="generate this many (at least n; n when streaming) and return the n of highest "
+                          "cumulative logprob")
     max_tokens: Count | None = Field(
         16, description="most tokens to generate (16 by default, as OpenAI); prompt + max_tokens must fit the "
                         "model's context; null: up to the context")
 
+    @property
+    def num_candidates(self) -> int:
+        """Completions generated per prompt: best_of, else n."""
+        return self.best_of if self.best_of is not None else self.num_choices
+
     def check(self) -> None:
         super().check()
-        if self.echo and self.logprobs is not None:
-            raise bad_request("echo together with logprobs is not supported (prompt logprobs are not computed)",
-                              param="echo")
+        best_of, n = self.num_candidates, self.num_choices
+        if best_of < n:
+            raise bad_request(f"best_of must be at least n, got best_of={best_of} < n={n}", param="best_of")
+        if best_of > n and self.is_stream:
+            raise bad_request(f"best_of={best_of} with n={n} cannot stream (the best are known only at the end): "
+                              f"send best_of={n} or stream=false", param="best_of")
 
     def prompts(self) -> list[str | list[int]]:
         """One prompt per choice group: a string or token ids."""
@@ -256,7 +271,7 @@ class CompletionRequest(_SamplingFields):
         return list(p)
 
 
-class TokenizeRequest(_Body):
+class TokenizeRequest(RequestModel):
     model_config = ConfigDict(json_schema_extra={"oneOf": [
         {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
         {"required": ["messages"], "properties": {"messages": {"type": "array"}}}]})
@@ -274,6 +289,6 @@ class TokenizeRequest(_Body):
             raise bad_request("send exactly one of prompt and messages", param="prompt")
 
 
-class DetokenizeRequest(_Body):
+class DetokenizeRequest(RequestModel):
     model: StrictStr | None = None
     tokens: list[TokenId] = Field(description="token ids of the model's vocabulary")

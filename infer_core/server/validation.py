@@ -20,28 +20,31 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from infer_core.server.errors import OpenAIError, bad_request
-from infer_core.server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from infer_core.server.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from infer_core.server.unsupported import CHAT, COMPLETIONS, refuse_unsupported
 
 Model = TypeVar("Model", bound=BaseModel)
 
-# Fields of OpenAI's and vLLM's APIs that this server does not read (yet): ignored like any unknown field,
-# never taken for a misspelling of one it reads ("prompt_logprobs" is not a typo of "top_logprobs").
+# Fields of OpenAI's and vLLM's APIs that this server does not read and that do not change the output:
+# ignored like any unknown field, never taken for a misspelling of one it reads. The fields that would
+# change the output are refused by name (unsupported.py, checked first).
 OTHER_API_FIELDS = frozenset({
-    "audio", "best_of", "function_call", "functions", "logit_bias", "metadata", "modalities",
-    "parallel_tool_calls", "prediction", "prompt_cache_key", "reasoning_effort", "response_format",
-    "safety_identifier", "service_tier", "store", "suffix", "tool_choice", "tools", "verbosity",
-    "web_search_options", "allowed_token_ids", "bad_words", "cache_salt", "chat_template", "continue_final_message",
-    "documents", "guided_choice", "guided_decoding_backend", "guided_grammar", "guided_json", "guided_regex",
-    "guided_whitespace_pattern", "include_stop_str_in_output", "length_penalty", "logits_processors",
-    "mm_processor_kwargs", "priority", "prompt_logprobs", "request_id", "return_token_ids",
-    "return_tokens_as_token_ids", "spaces_between_special_tokens", "structural_tag", "structured_outputs",
-    "truncate_prompt_tokens", "use_beam_search", "vllm_xargs", "refusal", "reasoning", "reasoning_content",
+    "metadata", "prompt_cache_key", "safety_identifier", "service_tier", "store", "verbosity", "cache_salt",
+    "chat_template", "request_id", "return_token_ids", "refusal", "reasoning", "reasoning_content",
     "add_special_tokens"})
 
 # the fields of this server's other routes: a chat field sent to /v1/completions (top_logprobs beside
 # logprobs) is ignored there as before, not taken for a misspelling
 OWN_FIELDS = frozenset(name for model in (ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest)
                        for name in model.model_fields)
+
+UNSUPPORTED = {ChatCompletionRequest: CHAT, CompletionRequest: COMPLETIONS}
+REFUSED = frozenset(CHAT) | frozenset(COMPLETIONS)  # refused where they change the output, never typos
 
 TYPO_CUTOFF = 0.8  # difflib's similarity ratio above which an unknown name is taken for a misspelling
 # pydantic names the union member it tried in ``loc`` ("str", "list[int]", "constrained-str"): not fields
@@ -50,6 +53,7 @@ _UNION_TAG = re.compile(r"^(str|int|float|bool|none|list|dict|json-or-python|con
 
 def validate(model: type[Model], data: dict[str, Any]) -> Model:
     """``data`` as ``model``, its cross-field rules checked; 400 naming the field otherwise."""
+    refuse_unsupported(data, UNSUPPORTED.get(model, {}))
     _check_names(model, data, ())
     try:
         body = model.model_validate(data)
@@ -76,9 +80,10 @@ def did_you_mean(name: str, known: typing.Iterable[str]) -> str | None:
 def _check_names(model: type[BaseModel], data: Any, path: tuple[str, ...]) -> None:
     if not isinstance(data, dict):
         return
-    fields = model.model_fields
+    fields = _names(model)
     for key in data:
-        if key in fields or key in OTHER_API_FIELDS or (not path and key in OWN_FIELDS) or not isinstance(key, str):
+        if (key in fields or key in OTHER_API_FIELDS or (not path and key in OWN_FIELDS | REFUSED)
+                or not isinstance(key, str)):
             continue
         if (match := did_you_mean(key, fields)) is not None:
             where = ".".join((*path, key))
@@ -94,13 +99,19 @@ def _check_names(model: type[BaseModel], data: Any, path: tuple[str, ...]) -> No
 
 
 @cache
+def _names(model: type[BaseModel]) -> frozenset[str]:
+    """The keys a body may use for the model's fields: their names, and their aliases (``schema``, ``json``)."""
+    return frozenset(info.alias or name for name, info in model.model_fields.items())
+
+
+@cache
 def _nested_models(model: type[BaseModel]) -> dict[str, tuple[type[BaseModel], ...]]:
     """For each field, the request models its value (or its list's items) may be."""
     found = {}
     for name, info in model.model_fields.items():
         models = tuple(_models_in(info.annotation))
         if models:
-            found[name] = models
+            found[info.alias or name] = models
     return found
 
 

@@ -56,3 +56,16 @@ def test_seeded_rows_do_not_depend_on_the_batch():
                           generator=torch.Generator().manual_seed(99))
     out_alone, probs_alone = sample_verified(logits[2:], alone, draft[2:])
     assert out_alone.token_ids.tolist() == out.token_ids[2:].tolist() and torch.equal(probs_alone, probs[2:])
+
+
+def test_logit_bias_moves_the_verified_probability_as_it_moves_sampling():
+    """A draft is verified against the distribution the request samples from: its logit bias included."""
+    logits = torch.zeros(2, 4)
+    bias = (torch.tensor([0, 1]), torch.tensor([2, 3]), torch.tensor([100.0, -100.0]))
+    batch = SamplingBatch(temperature=torch.ones(2), all_greedy=False, logit_bias=bias,
+                          generator=torch.Generator().manual_seed(0))
+    out, probs = sample_verified(logits, batch, torch.tensor([2, 3]))
+    assert probs[0] > 0.999 and probs[1] < 1e-6  # row 0 favours its draft, row 1 all but bans it
+    greedy = SamplingBatch(temperature=None, all_greedy=True, logit_bias=bias)
+    out, probs = sample_verified(logits, greedy, torch.tensor([2, -1]))
+    assert out.token_ids[0] == 2 and probs.tolist() == [1.0, 0.0]

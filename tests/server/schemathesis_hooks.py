@@ -9,6 +9,11 @@ what is actually sent; only integers above the cap change, and a negative value 
 The cap also keeps the two rules that JSON Schema cannot state (``min_tokens <= max_tokens``, and
 prompt + ``max_tokens`` within the context; both in the fields' descriptions) from failing bodies
 the schema allows: the run checks what the schema can say, and test_errors.py checks those two.
+Three more such rules are kept the same way: ``best_of`` is at least ``n`` (and ``n`` when streaming);
+a named ``tool_choice`` names one of ``tools``; a regular expression, an EBNF grammar or a JSON
+schema's text is one the grammar engine compiles (a random string is none of these). Each value
+that breaks one is replaced by one that keeps it (tests/test_structured_outputs.py and
+tests/server/test_structured_server.py check the 400s of those that do not).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import schemathesis
 GENERATED_TOKENS = 2
 GENERATING = ("/v1/chat/completions", "/v1/completions")
 COUNTS = ("max_tokens", "max_completion_tokens", "min_tokens")
+REGEX, GRAMMAR, SCHEMA_TEXT = r"[a-z]{1,3}", 'root ::= "yes" | "no"', '{"type": "object"}'
 
 
 def _is_count(value: Any) -> bool:
@@ -41,3 +47,30 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     limit = limit if _is_count(limit) else body.get("max_tokens")
     if _is_count(limit) and limit >= 1 and _is_count(body.get("min_tokens")) and body["min_tokens"] > limit:
         body["min_tokens"] = limit
+
+    _keep_cross_field_rules(body)
+
+
+def _keep_cross_field_rules(body: dict[str, Any]) -> None:
+    n = body.get("n") if _is_count(body.get("n")) else 1
+    if _is_count(body.get("best_of")) and (body["best_of"] < n or body.get("stream") is True):
+        body["best_of"] = n
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict) and isinstance(tools, list) and tools:
+        first = tools[0].get("function") if isinstance(tools[0], dict) else None
+        if isinstance(first, dict) and isinstance(first.get("name"), str):
+            choice["function"]["name"] = first["name"]
+    for holder, key, value in _grammar_texts(body):
+        holder[key] = value
+
+
+def _grammar_texts(body: dict[str, Any]):
+    """(object, key, compilable value) for each grammar given as text."""
+    structured = body.get("structured_outputs")
+    for holder, prefix in ((body, "guided_"), (structured if isinstance(structured, dict) else {}, "")):
+        if isinstance(holder.get(prefix + "regex"), str):
+            yield holder, prefix + "regex", REGEX
+        if isinstance(holder.get(prefix + "grammar"), str):
+            yield holder, prefix + "grammar", GRAMMAR
+        if isinstance(holder.get(prefix + "json"), str):
+            yield holder, prefix + "json", SCHEMA_TEXT

@@ -91,7 +91,7 @@ def test_a_near_miss_of_a_field_name_is_400_naming_it():
     with pytest.raises(OpenAIError) as e:
         validate(ChatCompletionRequest, {"messages": [{"role": "user", "content": "x", "tool_call_ids": "1"}]})
     assert e.value.param == "messages.0.tool_call_ids"
-    body = validate(CompletionRequest, {"prompt": "x", "prompt_logprobs": 1, "vendor": {"max_tokens": 1}})
+    body = validate(CompletionRequest, {"prompt": "x", "store": True, "vendor": {"max_tokens": 1}})
     assert body.max_tokens == 16  # unknown fields stay ignored, as before
     # a field of the chat route sent to completions is not a misspelling of one of its own
     validate(CompletionRequest, {"prompt": "x", "top_logprobs": None, "add_generation_prompt": None, "messages": []})

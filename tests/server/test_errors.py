@@ -62,7 +62,7 @@ def test_invalid_chat_values_are_400_naming_the_field(http, body, param):
     ({"prompt": [], "max_tokens": 4}, "prompt"),
     ({"prompt": [10**9], "max_tokens": 4}, "prompt"),
     ({"prompt": {"a": 1}}, "prompt"),
-    ({"prompt": "x", "echo": True, "logprobs": 1}, "echo"),
+    ({"prompt": "x", "echo": True, "logprobs": 1, "prompt_logprobs": 99}, "prompt_logprobs"),
 ])
 def test_invalid_completion_values_are_400(http, body, param):
     err = _error(http.post("/v1/completions", json={"model": MODEL, **body}), 400)
@@ -159,7 +159,8 @@ _JSON = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=4)
 _FIELDS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
            "min_p", "n", "stop", "stop_token_ids", "seed", "presence_penalty", "frequency_penalty",
            "repetition_penalty", "logprobs", "top_logprobs", "stream", "stream_options", "ignore_eos", "min_tokens",
-           "skip_special_tokens", "echo", "user", "tokens"]
+           "skip_special_tokens", "echo", "user", "tokens", "response_format", "guided_regex", "guided_choice",
+           "tools", "tool_choice", "logit_bias", "best_of", "prompt_logprobs", "priority", "suffix"]
 _SMALL = {"max_tokens": st.integers(-3, 3), "max_completion_tokens": st.integers(-3, 3), "n": st.integers(-1, 3),
           "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "x"]),
                                                       "content": st.text(max_size=12) | _JSON}), max_size=2),

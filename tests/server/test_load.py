@@ -169,7 +169,8 @@ def test_plugins_endpoint_shows_the_resolved_engine(server):
     reply = httpx.get(f"{server.base_url}/v1/plugins").json()
     assert reply["chosen"]["attention"]["name"] == "torch"
     assert reply["chosen"]["scheduler"]["distribution"] == "infer-core"
-    assert set(reply["chosen"]) == {"attention", "kv_allocator", "scheduler", "quantization", "parallel", "decoding"}
+    assert set(reply["chosen"]) == {"attention", "kv_allocator", "scheduler", "quantization", "parallel", "decoding",
+                                     "grammar"}
     names = {(row["kind"], row["name"]) for row in reply["implementations"]}
     assert ("attention", "torch") in names and ("kv_allocator", "paged") in names
     json.dumps(reply)  # plain JSON all the way down
