@@ -16,16 +16,35 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_core.layers.fused import use_pdl
+from infer_core.layers.fused import interpreting, use_pdl
 from infer_core.layers.fused.pdl import pdl_enter
 
 FP8_MAX = tl.constexpr(448.0)  # the largest finite e4m3 value (layers/kv_write.py's FP8_MAX)
+# The interpreter's float32 -> e4m3 cast does not carry a mantissa that rounds up into the exponent
+# (124 becomes 64, not 128): there the value is rounded to the e4m3 grid first, which the cast keeps.
+ROUND_BEFORE_CAST = tl.constexpr(interpreting())
+
+
+@triton.jit
+def _round_to_e4m3(x):
+    """``x`` (float32, within +-448) rounded to the nearest e4m3 value, ties to even, still float32."""
+    exponent = ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    step = ((tl.maximum(exponent, -6) - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 3 mantissa bits; subnormals
+    units = tl.abs(x) / step  # below 16: adding and removing 1.5 * 2**23 rounds it to an integer, ties to even
+    rounded = ((units + 12582912.0) - 12582912.0) * step
+    return tl.where(x < 0, -rounded, rounded)  # the sign kept, -0 included
 
 
 @triton.jit
 def quantize_fp8(x, scale, dtype: tl.constexpr):
-    """``x / scale`` in float32, clamped to the e4m3 range, as ``dtype`` (the FP8 cache's element type)."""
-    return tl.clamp(x.to(tl.float32) / scale, -FP8_MAX, FP8_MAX).to(dtype)
+    """``x / scale`` in float32, clamped to the e4m3 range, as ``dtype`` (the FP8 cache's element type).
+
+    The division is IEEE round-to-nearest (``div_rn``; ``/`` compiles to an approximate one), so the bytes
+    stored are torch's (``layers/kv_write.quantize_kv``)."""
+    y = tl.clamp(tl.math.div_rn(x.to(tl.float32), scale), -FP8_MAX, FP8_MAX)
+    if ROUND_BEFORE_CAST:
+        y = _round_to_e4m3(y)
+    return y.to(dtype)
 
 
 @triton.jit
