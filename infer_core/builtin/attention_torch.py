@@ -20,9 +20,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from infer_core.interfaces import AttentionBackend, AttentionCapabilities, AttentionLayer, BatchMetadata
+from infer_core.interfaces import (
+    AttentionBackend,
+    AttentionCapabilities,
+    AttentionLayer,
+    BatchMetadata,
+)
 from infer_core.layers.kv_write import FP8_KV_DTYPE, dequantize_kv, write_kv
-
 
 CAPABILITIES = AttentionCapabilities(kv_cache_dtypes=("auto", "fp8"))
 

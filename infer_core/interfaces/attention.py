@@ -84,8 +84,8 @@ def kv_cache_dtype_reasons(caps: AttentionCapabilities, ctx: RuntimeContext) -> 
     wanted = ctx.settings.kv_cache_dtype
     if wanted in caps.kv_cache_dtypes:
         return []
-    return [f"KV cache dtype {wanted} (INFER_KV_CACHE_DTYPE) is not supported (supported: "
-            f"{', '.join(caps.kv_cache_dtypes)})"]
+    supported = ", ".join(caps.kv_cache_dtypes)
+    return [f"KV cache dtype {wanted} (INFER_KV_CACHE_DTYPE) is not supported (supported: {supported})"]
 
 
 class AttentionBackend(RuntimeComponent, ABC):

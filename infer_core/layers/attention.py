@@ -10,9 +10,9 @@ model sets from the checkpoint (``set_kv_scales``) before any step runs.
 
 from __future__ import annotations
 
-import torch
-
 from dataclasses import replace
+
+import torch
 
 from infer_core.interfaces import AttentionBackend, AttentionLayer
 from infer_core.layers import fused

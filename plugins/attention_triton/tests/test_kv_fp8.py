@@ -61,9 +61,10 @@ def run_mixed_step(device, dtype, heads, kv_heads, head_dim, contexts, queries, 
     ctx = make_ctx(device, dtype, heads, kv_heads, head_dim)
     triton_backend = TritonAttentionBackend(ctx)
     triton_cache, torch_cache = cache.clone(), cache.clone()
-    got = triton_backend.forward(layer, batch.q, k, batch.v, triton_cache, triton_backend.build_metadata(batch.metadata))
+    metadata = triton_backend.build_metadata(batch.metadata)
+    got = triton_backend.forward(layer, batch.q, k, batch.v, triton_cache, metadata)
     expected = TorchAttentionBackend(ctx).forward(layer, batch.q, k, batch.v, torch_cache, batch.metadata)
-    return got, expected, triton_cache, torch_cache, triton_backend.build_metadata(batch.metadata)
+    return got, expected, triton_cache, torch_cache, metadata
 
 
 def test_mixed_step_on_an_fp8_cache_matches_torch(device):
@@ -125,3 +126,40 @@ def test_qwen3_shapes_bf16_on_an_fp8_cache_match_torch():
     assert md.num_splits > 1
     assert same_bytes(triton_cache, torch_cache)
     assert relative_error(got, expected) < 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["qwen3", "llama"])  # qwen3: the q/k-norm + rotary kernel writes the KV
+def test_engine_on_an_fp8_cache_matches_torch_with_graphs_prefix_hits_and_chunks(tmp_path, kind):
+    """The whole engine in bfloat16 on an FP8 cache, CUDA graphs on: Triton against the torch reference."""
+    import random
+
+    from infer_core import LLM, SamplingParams
+    from infer_core.testing import LogitsRecorder, make_tiny_checkpoint
+
+    folder = make_tiny_checkpoint(kind, tmp_path / kind)
+    rng = random.Random(0)
+    prefix = [rng.randrange(3, 384) for _ in range(40)]  # two full blocks shared: prefix-cache hits
+    prompts = [prefix + [rng.randrange(3, 384) for _ in range(n)] for n in (3, 70, 17, 130)]
+    results = {}
+    for attention in ("torch", "triton"):
+        llm = LLM(str(folder), attention=attention, dtype="bfloat16", kv_cache_dtype="fp8", block_size=16,
+                  max_num_seqs=8, max_num_batched_tokens=64, kv_cache_gb=0.05)
+        if attention == "triton":
+            assert llm.engine.executor.worker.runner.graphs is not None  # decode steps replay CUDA graphs
+        with LogitsRecorder(llm.engine) as recorder:
+            outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+                                   use_tqdm=False)
+        results[attention] = ([o.outputs[0].token_ids for o in outputs],
+                              [recorder.logits[o.request_id] for o in outputs])
+        assert llm.engine.stats().prefix_hit_tokens > 0
+        llm.shutdown()
+    (tokens, logits), (expected_tokens, expected_logits) = results["triton"], results["torch"]
+    for g, e, g_logits, e_logits in zip(tokens, expected_tokens, logits, expected_logits):
+        parted = next((i for i, (a, b) in enumerate(zip(g, e)) if a != b), len(e))
+        for step in range(min(parted + 1, len(e))):  # the same history read from the cache: close logits
+            ref = e_logits[step].float()
+            assert float((g_logits[step].float() - ref).norm() / ref.norm()) < 2e-2, (step, g, e)
+        if parted < len(e):  # tokens part only at a near-tie of the reference's logits
+            ref = e_logits[parted].float()
+            assert float(ref.max() - ref[g[parted]]) <= 0.1 * float(ref.std()), (parted, g, e)
