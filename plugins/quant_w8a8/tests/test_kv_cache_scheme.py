@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from infer_core.interfaces import PluginError
+
 from infer_quant_w8a8.kv_cache_scheme import check_kv_cache_scheme
 
 # what llm-compressor writes for its FP8 KV preset (kv_cache_scheme in quantization_config)
