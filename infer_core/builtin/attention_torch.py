@@ -120,11 +120,12 @@ class TorchAttentionBackend(AttentionBackend):
 
         ``index_select`` copies whole blocks, K and V in one call (advanced indexing copies element by element).
         """
-        kv = kv_cache.index_select(1, blocks)
-        k, v = kv[0].flatten(0, 1), kv[1].flatten(0, 1)
-        if kv_cache.dtype == FP8_KV_DTYPE:
+        if kv_cache.dtype == FP8_KV_DTYPE:  # its bytes gathered through a uint8 view (any device has that kernel)
+            kv = kv_cache.view(torch.uint8).index_select(1, blocks).view(FP8_KV_DTYPE)
+            k, v = kv[0].flatten(0, 1), kv[1].flatten(0, 1)
             return dequantize_kv(k, layer.k_scale, dtype), dequantize_kv(v, layer.v_scale, dtype)
-        return k, v
+        kv = kv_cache.index_select(1, blocks)
+        return kv[0].flatten(0, 1), kv[1].flatten(0, 1)
 
     def _decode(self, layer, q, kv_cache, md: TorchAttentionMetadata):
         num_decodes = md.num_decodes

@@ -30,8 +30,12 @@ FP8_MAX = 448.0  # the largest finite e4m3 value
 
 
 def quantize_kv(x: torch.Tensor, scale: float) -> torch.Tensor:
-    """``x / scale`` in float32, clamped to the e4m3 range, rounded to the nearest e4m3 value."""
-    return (x.float() / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_KV_DTYPE)
+    """``x / scale`` in float32, clamped to the e4m3 range, rounded to the nearest e4m3 value.
+
+    The divisor is a tensor on ``x``'s device: CUDA divides by a host scalar as a product with its
+    reciprocal, which can round differently from the division the kernels make."""
+    divisor = torch.tensor(scale, dtype=torch.float32, device=x.device)
+    return (x.float() / divisor).clamp_(-FP8_MAX, FP8_MAX).to(FP8_KV_DTYPE)
 
 
 def dequantize_kv(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:

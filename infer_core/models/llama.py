@@ -189,8 +189,12 @@ class LlamaForCausalLM(nn.Module):
             scale = kv_scale_target(name)
             if scale is not None:
                 attention, which = scale
-                value = kv_scale_value(name, tensor)
-                self.get_submodule(attention).attn.set_kv_scales(*(value if s in which else None for s in "kv"))
+                try:
+                    module = self.get_submodule(attention)
+                except AttributeError:
+                    raise ModelError(f"checkpoint tensor {name!r} is a KV cache scale of no attention layer of "
+                                     f"{type(self).__name__}; is config.json of the same model?") from None
+                module.attn.set_kv_scales(*(kv_scale_value(name, tensor) if s in which else None for s in "kv"))
                 continue
             found = self.checkpoint_target(name)
             if found is None:
