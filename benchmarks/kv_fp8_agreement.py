@@ -1,7 +1,7 @@
 """FP8 KV cache against the model's dtype on a real model (CPU): teacher-forced top-1 agreement and greedy continuations.
 
 The model is the embedded default (SmolLM2-135M-Instruct), run by the engine twice, with ``kv_cache_dtype``
-auto and fp8 (scales 1.0: the checkpoint has none), each in ``--dtype``. The text is real English prose
+auto and fp8 (scales 1.0: the checkpoint has none; ``--model`` may name a copy that has them), each in ``--dtype``. The text is real English prose
 (``--text``; default: the GNU GPL v3, as Debian ships it), cut into ``--windows`` windows; each window is
 cut again at ``--cuts`` lengths, and each cut is a prompt whose one next token is greedy: that token is
 predicted from the prompt's K/V read back from the cache (prefill and prefix-cache hits), so the share of
@@ -24,7 +24,7 @@ DEFAULT_TEXT = Path("/usr/share/common-licenses/GPL-3")
 def run(kv_cache_dtype: str, args, prompts: list[list[int]], windows: list[list[int]]):
     from infer_core import LLM, SamplingParams
 
-    llm = LLM(dtype=args.dtype, kv_cache_dtype=kv_cache_dtype, device="cpu", kv_cache_gb=1.0)
+    llm = LLM(args.model, dtype=args.dtype, kv_cache_dtype=kv_cache_dtype, device="cpu", kv_cache_gb=1.0)
     try:
         greedy = SamplingParams(temperature=0, max_tokens=1)
         next_tokens = [o.outputs[0].token_ids[0] for o in llm.generate(prompts, greedy, use_tqdm=False)]
@@ -37,6 +37,8 @@ def run(kv_cache_dtype: str, args, prompts: list[list[int]], windows: list[list[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="a checkpoint folder (default: the embedded SmolLM2), e.g. "
+                        "the same model with k_scale / v_scale tensors beside its weights")
     parser.add_argument("--text", type=Path, default=DEFAULT_TEXT)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--windows", type=int, default=16)
@@ -64,9 +66,10 @@ def main() -> None:
            "greedy_identical_continuations": sum(p == args.new_tokens for p in parted), "first_difference_at": parted}
     print(row, flush=True)
     if args.out is not None:
-        settings = {"model": "SmolLM2-135M-Instruct (embedded default)", "dtype": args.dtype, "text": str(args.text),
+        settings = {"model": args.model or "SmolLM2-135M-Instruct (embedded default)", "dtype": args.dtype,
+                    "text": str(args.text),
                     "windows": len(windows), "window_tokens": args.window_tokens, "cuts": args.cuts,
-                    "new_tokens": args.new_tokens, "kv_scales": 1.0}
+                    "new_tokens": args.new_tokens, "kv_scales": "the checkpoint's" if args.model else 1.0}
         print("wrote", write_result("kv-fp8-agreement", settings, [row], args.out), flush=True)
 
 
