@@ -25,6 +25,8 @@ from infer_core.interfaces.settings import ENV_PREFIX, SETTINGS_CONFIG, PluginSe
 from infer_core.plugin_settings import SettingsSection, declare_settings
 
 S = TypeVar("S", bound=PluginSettings)
+KV_CACHE_DTYPES = ("auto", "fp8")  # fp8: float8 e4m3 with a per-layer scale
+_KV_CACHE_DTYPE_ALIASES = {"fp8_e4m3": "fp8", "float8_e4m3fn": "fp8"}
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
 
 
@@ -60,6 +62,7 @@ class EngineSettings(BaseSettings):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="share of GPU memory the engine may use")
     num_kv_blocks: int | None = Field(None, ge=1, description="KV blocks to allocate, overriding sizing")
     kv_cache_gb: float | None = Field(None, gt=0, description="GiB for the KV cache (default: profiled on CUDA, 2 on CPU)")
+    kv_cache_dtype: str = Field("auto", description="KV cache element type: auto (the model's dtype) or fp8 (e4m3: twice the tokens in the same memory; per-layer scales from the checkpoint, else 1.0); the attention backend must support it")
     max_model_len: int | None = Field(None, ge=1, description="context length limit; unset = the model's")
     max_num_seqs: int = Field(256, ge=1, description="most requests in one step")
     max_num_batched_tokens: int = Field(8192, ge=1, description="most tokens in one step (prefill chunk budget)")
@@ -87,6 +90,11 @@ class EngineSettings(BaseSettings):
             value = value.lower().removeprefix("torch.")
             return _DTYPE_ALIASES.get(value, value)
         return value
+
+    @field_validator("kv_cache_dtype", mode="before")
+    @classmethod
+    def _kv_cache_dtype(cls, value: Any) -> Any:
+        return kv_cache_dtype_name(value) if isinstance(value, str) else value
 
     # the plugins' settings: section class -> its values; and who declared each (set by load_settings)
     _sections: dict[type[PluginSettings], PluginSettings] = PrivateAttr(default_factory=dict)
@@ -119,6 +127,17 @@ class EngineSettings(BaseSettings):
     def declared_sections(self) -> tuple[SettingsSection, ...]:
         """The plugins' settings classes ``load_settings`` read, with the plugin that declared each."""
         return self._declared
+
+
+def kv_cache_dtype_name(value: str) -> str:
+    """``value`` as one of KV_CACHE_DTYPES (``fp8_e4m3`` is ``fp8``); ValueError with a did-you-mean otherwise."""
+    name = value.strip().lower()
+    name = _KV_CACHE_DTYPE_ALIASES.get(name, name)
+    if name not in KV_CACHE_DTYPES:
+        choices = [*KV_CACHE_DTYPES, *_KV_CACHE_DTYPE_ALIASES]
+        raise ValueError(f"{value!r} is not a KV cache dtype{_suggest(name, choices).replace(';', ',')} "
+                         f"(choices: {', '.join(choices)}; auto keeps the model's dtype)")
+    return name
 
 
 def split_plugin_names(value: Any) -> Any:

@@ -8,6 +8,9 @@ What does not depend on the layer is derived once per step (``build_metadata``) 
 layer: the decode rows' block ids (one ``index_select`` per layer copies whole blocks, K and V
 together), their key masks (additive, in the query's dtype, as SDPA turns a boolean mask into
 anyway), the new tokens' cache slots as int64, and the host copies of the request boundaries.
+
+An FP8 cache (``INFER_KV_CACHE_DTYPE=fp8``) is written through ``quantize_kv`` and each gathered block
+read back through ``dequantize_kv`` with the layer's scales: the reference the Triton kernels match.
 """
 
 from __future__ import annotations
@@ -17,8 +20,15 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from infer_core.interfaces import AttentionBackend, AttentionLayer, BatchMetadata
-from infer_core.layers.kv_write import write_kv
+from infer_core.interfaces import (
+    AttentionBackend,
+    AttentionCapabilities,
+    AttentionLayer,
+    BatchMetadata,
+)
+from infer_core.layers.kv_write import FP8_KV_DTYPE, dequantize_kv, write_kv
+
+CAPABILITIES = AttentionCapabilities(kv_cache_dtypes=("auto", "fp8"))
 
 
 def _key_mask(query_pos: torch.Tensor, num_keys: int, seq_len: torch.Tensor | int, window: int | None) -> torch.Tensor:
@@ -67,6 +77,10 @@ class TorchAttentionMetadata:
 
 
 class TorchAttentionBackend(AttentionBackend):
+    @classmethod
+    def capabilities(cls, ctx) -> AttentionCapabilities:
+        return CAPABILITIES
+
     def build_metadata(self, common: BatchMetadata) -> TorchAttentionMetadata:
         num_decodes = common.num_decode_only
         seq_lens = common.seq_lens_cpu[: common.num_reqs].tolist()
@@ -87,7 +101,7 @@ class TorchAttentionBackend(AttentionBackend):
             metadata = self.build_metadata(metadata)
         n = metadata.num_tokens  # rows past it are padding (never written)
         if not kv_written:
-            write_kv(kv_cache, k[:n], v[:n], metadata.slots)
+            write_kv(kv_cache, k[:n], v[:n], metadata.slots, layer.k_scale, layer.v_scale)
         num_decodes, num_reqs = metadata.num_decodes, metadata.common.num_reqs
         if num_decodes == num_reqs and num_decodes == q.shape[0]:  # decode only, unpadded: no copy into `out`
             return self._decode(layer, q, kv_cache, metadata)
@@ -101,17 +115,21 @@ class TorchAttentionBackend(AttentionBackend):
         return out
 
     @staticmethod
-    def _gather(kv_cache: torch.Tensor, blocks: torch.Tensor):
-        """K and V of the blocks ``blocks`` [R * b] names: each [R * b * block_size, kv_heads, head_dim].
+    def _gather(kv_cache: torch.Tensor, blocks: torch.Tensor, layer: AttentionLayer, dtype: torch.dtype):
+        """K and V of the blocks ``blocks`` [R * b] names: each [R * b * block_size, kv_heads, head_dim], in ``dtype``.
 
         ``index_select`` copies whole blocks, K and V in one call (advanced indexing copies element by element).
         """
+        if kv_cache.dtype == FP8_KV_DTYPE:  # its bytes gathered through a uint8 view (any device has that kernel)
+            kv = kv_cache.view(torch.uint8).index_select(1, blocks).view(FP8_KV_DTYPE)
+            k, v = kv[0].flatten(0, 1), kv[1].flatten(0, 1)
+            return dequantize_kv(k, layer.k_scale, dtype), dequantize_kv(v, layer.v_scale, dtype)
         kv = kv_cache.index_select(1, blocks)
         return kv[0].flatten(0, 1), kv[1].flatten(0, 1)
 
     def _decode(self, layer, q, kv_cache, md: TorchAttentionMetadata):
         num_decodes = md.num_decodes
-        k, v = self._gather(kv_cache, md.decode_blocks)
+        k, v = self._gather(kv_cache, md.decode_blocks, layer, q.dtype)
         k, v = k.view(num_decodes, md.decode_keys, *k.shape[1:]), v.view(num_decodes, md.decode_keys, *v.shape[1:])
         # q [R, 1, H, D] -> [R, H, 1, D]; k/v [R, S, Hk, D] -> [R, Hk, S, D]
         o = F.scaled_dot_product_attention(
@@ -124,7 +142,7 @@ class TorchAttentionBackend(AttentionBackend):
     def _prefill(self, layer, q, kv_cache, block_table, seq_len: int):
         block_size = kv_cache.shape[2]
         query_len = q.shape[0]
-        k, v = self._gather(kv_cache, block_table[: -(-seq_len // block_size)])
+        k, v = self._gather(kv_cache, block_table[: -(-seq_len // block_size)], layer, q.dtype)
         # [1, heads, tokens, head_dim]: SDPA's flash and memory-efficient kernels take only 4-D
         # inputs, and not enable_gqa, so the KV heads are expanded; otherwise it falls back to the
         # math kernel, which materialises [heads, queries, keys] scores (9 GB for an 8k prompt).

@@ -134,8 +134,9 @@ class EngineCore:
         settings = config.settings
         num_blocks = settings.num_kv_blocks or possible
         tokens = num_blocks * config.block_size
-        logger.info("KV cache: %d blocks of %d tokens = %d tokens; max concurrent requests at max_model_len: %.2f",
-                    num_blocks, config.block_size, tokens, tokens / config.max_model_len)
+        kv_dtype = "float8 e4m3" if settings.kv_cache_dtype == "fp8" else config.dtype
+        logger.info("KV cache: %d blocks of %d tokens = %d tokens (%s); max concurrent requests at max_model_len: %.2f",
+                    num_blocks, config.block_size, tokens, kv_dtype, tokens / config.max_model_len)
         if tokens < config.max_model_len:
             if settings.num_kv_blocks is None:
                 raise SettingsError(

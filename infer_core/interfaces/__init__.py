@@ -6,7 +6,13 @@ implementation) needs no other core module for them.
 """
 
 from infer_core.errors import EngineDeadError, PluginError, RequestError
-from infer_core.interfaces.attention import AttentionBackend, AttentionCapabilities, AttentionLayer, BatchMetadata
+from infer_core.interfaces.attention import (
+    AttentionBackend,
+    AttentionCapabilities,
+    AttentionLayer,
+    BatchMetadata,
+    kv_cache_dtype_reasons,
+)
 from infer_core.interfaces.constraints import Constraint, ConstraintMatcher, GrammarBackend
 from infer_core.interfaces.context import RuntimeComponent, RuntimeContext
 from infer_core.interfaces.decoding import DecodingPolicy, DraftRequest, SpecDecodingStats
@@ -82,4 +88,5 @@ __all__ = [
     "SpecDecodingStats",
     "TokenLogprobs",
     "WorkerFactory",
+    "kv_cache_dtype_reasons",
 ]

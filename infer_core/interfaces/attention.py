@@ -25,6 +25,9 @@ class AttentionCapabilities:
     # One request's prompt chunk replayed from a graph captured at a larger token count: the prefill
     # launch must take its grid from max_query_len alone and read the request's lengths on the device.
     supports_prefill_cuda_graphs: bool = False
+    # The KV cache element types it reads and writes (``INFER_KV_CACHE_DTYPE``): "auto" is the model's
+    # dtype; "fp8" is float8 e4m3 holding value / scale, with the layer's ``k_scale``/``v_scale``.
+    kv_cache_dtypes: tuple[str, ...] = ("auto",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +40,10 @@ class AttentionLayer:
     head_dim: int
     scale: float
     sliding_window: int | None = None  # keys older than this many positions are not attended
+    # An FP8 KV cache stores k / k_scale and v / v_scale (clamped to the e4m3 range) and reads back
+    # stored * scale; per-layer constants (from the checkpoint, else 1.0), unused by a cache in the model's dtype.
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
 
 @dataclass(slots=True)
@@ -72,6 +79,15 @@ class BatchMetadata:
         return self.seq_lens_cpu - query_lens
 
 
+def kv_cache_dtype_reasons(caps: AttentionCapabilities, ctx: RuntimeContext) -> list[str]:
+    """Why a backend of ``caps`` cannot hold the KV cache ``INFER_KV_CACHE_DTYPE`` asks for; empty when it can."""
+    wanted = ctx.settings.kv_cache_dtype
+    if wanted in caps.kv_cache_dtypes:
+        return []
+    supported = ", ".join(caps.kv_cache_dtypes)
+    return [f"KV cache dtype {wanted} (INFER_KV_CACHE_DTYPE) is not supported (supported: {supported})"]
+
+
 class AttentionBackend(RuntimeComponent, ABC):
     """One implementation of paged attention.
 
@@ -101,6 +117,7 @@ class AttentionBackend(RuntimeComponent, ABC):
             reasons.append(f"head_dim {ctx.model.head_dim} is not supported (supported: {supported})")
         if any(ctx.model.sliding_windows) and not caps.supports_sliding_window:
             reasons.append("sliding-window attention is not supported")
+        reasons += kv_cache_dtype_reasons(caps, ctx)
         return reasons
 
     def build_metadata(self, common: BatchMetadata) -> Any:

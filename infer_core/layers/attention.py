@@ -3,10 +3,14 @@
 Where the q/k norms and the rotary were each built for our kernels, the three run as one launch
 (``fused/qk_norm_rope.py``), chosen when the layer is built; that launch also stores k and v into the
 cache where the backend's cache has the standard paged layout (``standard_kv_slot_mapping``), and the
-backend is then told so (``kv_written=True``) and skips its own write.
+backend is then told so (``kv_written=True``) and skips its own write. Into an FP8 cache that launch
+writes k and v quantized by the layer's scales (``AttentionLayer.k_scale``/``v_scale``), which the
+model sets from the checkpoint (``set_kv_scales``) before any step runs.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
@@ -39,6 +43,15 @@ class Attention:
         self.qk_norm = qk_norm
         self.fused_qk_norm_rope = qk_norm is not None and fuses_qk_norm_rope(*qk_norm, rotary)
 
+    def set_kv_scales(self, k_scale: float | None = None, v_scale: float | None = None) -> None:
+        """An FP8 KV cache's scales of this layer (stored = value / scale); None keeps the one set."""
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if scale is not None and not (scale > 0 and scale != float("inf")):
+                raise ValueError(f"layer {self.layer.layer_idx}: a KV cache {name} must be positive and finite, "
+                                 f"got {scale}")
+        self.layer = replace(self.layer, k_scale=self.layer.k_scale if k_scale is None else k_scale,
+                             v_scale=self.layer.v_scale if v_scale is None else v_scale)
+
     def __call__(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  kv_cache: torch.Tensor, metadata) -> torch.Tensor:
         num_tokens, head_dim = q.shape[0], self.layer.head_dim
@@ -63,10 +76,11 @@ class Attention:
         q_norm, k_norm = self.qk_norm
         rotary = self.rotary
         slot_mapping = self.backend.standard_kv_slot_mapping(metadata)
-        if slot_mapping is not None and kv_cache.dtype == k.dtype:
+        if slot_mapping is not None and (kv_cache.dtype == k.dtype or kv_cache.dtype == torch.float8_e4m3fn):
             q, k = qk_norm_rope_inplace(positions, q, k, q_norm.weight, k_norm.weight, q_norm.eps,
                                         rotary.cos_sin_cache, rotary.rot_dim, kv_cache=kv_cache, v=v,
-                                        slot_mapping=slot_mapping)
+                                        slot_mapping=slot_mapping, k_scale=self.layer.k_scale,
+                                        v_scale=self.layer.v_scale)
             # said only to a backend that opted in (standard_kv_slot_mapping), so others never see it
             return self.backend.forward(self.layer, q, k, v, kv_cache, metadata, kv_written=True)
         q, k = qk_norm_rope_inplace(positions, q, k, q_norm.weight, k_norm.weight, q_norm.eps,

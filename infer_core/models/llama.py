@@ -21,6 +21,7 @@ from infer_core.layers.linear import MergedColumnParallelLinear, QKVParallelLine
 from infer_core.layers.norm import ResidualRMSNorm, RMSNorm
 from infer_core.layers.rotary import RotaryEmbedding
 from infer_core.models.build import BuildContext
+from infer_core.models.kv_scales import kv_scale_target, kv_scale_value
 
 
 class LlamaAttention(nn.Module):
@@ -180,11 +181,21 @@ class LlamaForCausalLM(nn.Module):
         """Copy checkpoint tensors (HF names) into the fused, sharded parameters.
 
         Returns the parameters fully loaded: a fused one counts only once all its shards (q, k and
-        v; gate and up) arrived.
+        v; gate and up) arrived. A layer's FP8 KV cache scales (``models/kv_scales.py``) go to its attention.
         """
         params = dict(self.named_parameters(remove_duplicate=False))
         shards: dict[str, set] = {}
         for name, tensor in weights:
+            scale = kv_scale_target(name)
+            if scale is not None:
+                attention, which = scale
+                try:
+                    module = self.get_submodule(attention)
+                except AttributeError:
+                    raise ModelError(f"checkpoint tensor {name!r} is a KV cache scale of no attention layer of "
+                                     f"{type(self).__name__}; is config.json of the same model?") from None
+                module.attn.set_kv_scales(*(kv_scale_value(name, tensor) if s in which else None for s in "kv"))
+                continue
             found = self.checkpoint_target(name)
             if found is None:
                 continue

@@ -6,10 +6,17 @@ import logging
 
 import torch
 
+from infer_core.layers.kv_write import FP8_KV_DTYPE
+
 logger = logging.getLogger(__name__)
 
 GiB = 1 << 30
 DEFAULT_CPU_KV_GB = 2.0
+
+
+def kv_cache_dtype(setting: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's element type for ``INFER_KV_CACHE_DTYPE`` (auto: the model's; fp8: float8 e4m3)."""
+    return FP8_KV_DTYPE if setting == "fp8" else model_dtype
 
 
 def block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:

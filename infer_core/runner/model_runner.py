@@ -44,7 +44,7 @@ from infer_core.runner.cuda_graphs import (
 )
 from infer_core.runner.draft_model import draft_model_for
 from infer_core.runner.inputs import StepBuffers, StepInputs, build_step_inputs
-from infer_core.runner.kv_cache import allocate_kv_caches, block_bytes
+from infer_core.runner.kv_cache import allocate_kv_caches, block_bytes, kv_cache_dtype
 from infer_core.runner.prompt_logprobs import plan_prompt_logprobs, score, wanting_prompt_logprobs
 from infer_core.runner.sampling_inputs import build_sampling_batch, to_device
 from infer_core.runner.state import RequestState, RequestTable
@@ -65,6 +65,7 @@ class ModelRunner:
         self.parallel = parallel
         self.device = device
         self.dtype = DTYPES[config.dtype]
+        self.kv_dtype = kv_cache_dtype(config.settings.kv_cache_dtype, self.dtype)  # the attention backend accepted it
         self.ctx = config.context
         names = config.implementations
         self.attention = catalog.load_class("attention", names["attention"])(self.ctx)
@@ -118,7 +119,7 @@ class ModelRunner:
     def bytes_per_block(self) -> int:
         m = self.config.model
         draft = self.draft.bytes_per_block() if self.draft is not None else 0  # its cache mirrors the blocks
-        return block_bytes(m.num_layers, self.config.block_size, self.num_kv_heads, m.head_dim, self.dtype) + draft
+        return block_bytes(m.num_layers, self.config.block_size, self.num_kv_heads, m.head_dim, self.kv_dtype) + draft
 
     def profile_num_blocks(self) -> int:
         """KV blocks that fit on this rank (after a max-size dummy step on CUDA: runner/warmup.py)."""
@@ -132,7 +133,7 @@ class ModelRunner:
         m, s = self.config.model, self.config.settings
         logger.info("allocating the KV cache: %d blocks…", num_blocks)
         self.kv_caches = allocate_kv_caches(m.num_layers, num_blocks + 1, self.config.block_size, self.num_kv_heads,
-                                            m.head_dim, self.dtype, self.device)
+                                            m.head_dim, self.kv_dtype, self.device)
         if self.draft is not None:
             self.draft.init_kv_cache(num_blocks, self.uses_cuda_graphs())
         max_num_tokens = max(s.max_num_batched_tokens, s.max_num_seqs)

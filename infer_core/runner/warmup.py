@@ -76,7 +76,7 @@ def profile_step(runner: ModelRunner) -> None:
     params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, repetition_penalty=1.1, logprobs=20)
     output, num_blocks = dummy_output(per_req, params, config.block_size)
     runner.kv_caches = allocate_kv_caches(config.model.num_layers, num_blocks, config.block_size,
-                                          runner.num_kv_heads, config.model.head_dim, runner.dtype, runner.device)
+                                          runner.num_kv_heads, config.model.head_dim, runner.kv_dtype, runner.device)
     runner.execute(output)
     runner.requests.clear()
     runner.kv_caches = []

@@ -8,7 +8,9 @@ views into the fused qkv output, which is rewritten in place (v untouched, nothi
 
 Given a paged KV cache and the step's ``slot_mapping``, the k programs also store the finished k rows
 and the token's v rows at its slot: the attention backend's own KV-write launch is then skipped
-(``AttentionBackend.standard_kv_slot_mapping``). The cache receives the very values written back to k.
+(``AttentionBackend.standard_kv_slot_mapping``). The cache receives the very values written back to k;
+an FP8 cache receives them quantized (``fused/kv_write.quantize_fp8`` with the layer's k and v scales,
+None and compiled out for a cache in the model's dtype).
 
 Numerics are those of ``RMSNorm.forward_torch`` followed by ``RotaryEmbedding.forward_torch``:
 the mean of squares in float32, the normalised row rounded to the input dtype, times the weight
@@ -23,6 +25,7 @@ import triton
 import triton.language as tl
 
 from infer_core.layers.fused import use_pdl
+from infer_core.layers.fused.kv_write import quantize_fp8
 from infer_core.layers.fused.pdl import pdl_enter
 
 HEAD_ELEMENTS = 2048  # heads of one token are packed into one program up to about this many elements
@@ -36,14 +39,15 @@ def _round(x, dtype: tl.constexpr):
 
 @triton.jit
 def _norm_rotate_heads(x_ptr, w_ptr, first_head, num_heads, stride_h, stride_d, cos, sin, eps,
-                       copy_ptr, num_copy_heads, stride_copy_h, stride_copy_d,
+                       copy_ptr, num_copy_heads, stride_copy_h, stride_copy_d, copy_scale,
                        HEAD_DIM: tl.constexpr, HALF: tl.constexpr, REST: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                       BLOCK_REST: tl.constexpr, BLOCK_H: tl.constexpr, COPY: tl.constexpr):
+                       BLOCK_REST: tl.constexpr, BLOCK_H: tl.constexpr, COPY: tl.constexpr, COPY_FP8: tl.constexpr):
     """Rows ``[first_head, first_head + BLOCK_H)`` of one token: channels [0, HALF) and [HALF, 2 HALF)
     are the rotated pair, [2 HALF, HEAD_DIM) (``REST`` of them, partial rotary) are only normalised.
 
     With ``COPY`` the finished rows of heads below ``num_copy_heads`` are also stored at ``copy_ptr``
-    (the token's KV-cache row; 0 heads when the token has no slot)."""
+    (the token's KV-cache row; 0 heads when the token has no slot), with ``COPY_FP8`` quantized by
+    ``copy_scale``."""
     dtype = x_ptr.dtype.element_ty
     heads = first_head + tl.arange(0, BLOCK_H)
     head_ok = (heads < num_heads)[:, None]
@@ -75,25 +79,38 @@ def _norm_rotate_heads(x_ptr, w_ptr, first_head, num_heads, stride_h, stride_d, 
     if COPY:
         copy_ok = (heads < num_copy_heads)[:, None]
         c1 = copy_ptr + heads[:, None].to(tl.int64) * stride_copy_h + d[None, :] * stride_copy_d
-        tl.store(c1, o1.to(dtype), mask=copy_ok & d_ok[None, :])
-        tl.store(c1 + HALF * stride_copy_d, o2.to(dtype), mask=copy_ok & d_ok[None, :])
+        if COPY_FP8:
+            fp8 = copy_ptr.dtype.element_ty
+            tl.store(c1, quantize_fp8(o1.to(dtype), copy_scale, fp8), mask=copy_ok & d_ok[None, :])
+            tl.store(c1 + HALF * stride_copy_d, quantize_fp8(o2.to(dtype), copy_scale, fp8),
+                     mask=copy_ok & d_ok[None, :])
+        else:
+            tl.store(c1, o1.to(dtype), mask=copy_ok & d_ok[None, :])
+            tl.store(c1 + HALF * stride_copy_d, o2.to(dtype), mask=copy_ok & d_ok[None, :])
     if REST > 0:
         w_rest = tl.load(w_ptr + 2 * HALF + r, mask=r_ok, other=0.0).to(tl.float32)[None, :]
         y_rest = w_rest * _round(x_rest * rstd, dtype)
         tl.store(p_rest, y_rest.to(dtype), mask=head_ok & r_ok[None, :])
         if COPY:
             c_rest = copy_ptr + heads[:, None].to(tl.int64) * stride_copy_h + (2 * HALF + r[None, :]) * stride_copy_d
-            tl.store(c_rest, y_rest.to(dtype), mask=copy_ok & r_ok[None, :])
+            if COPY_FP8:
+                tl.store(c_rest, quantize_fp8(y_rest.to(dtype), copy_scale, copy_ptr.dtype.element_ty),
+                         mask=copy_ok & r_ok[None, :])
+            else:
+                tl.store(c_rest, y_rest.to(dtype), mask=copy_ok & r_ok[None, :])
 
 
 @triton.jit
 def _copy_heads(src_ptr, dst_ptr, first_head, num_heads, stride_src_h, stride_src_d, stride_dst_h, stride_dst_d,
-                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr):
-    """Rows ``[first_head, first_head + BLOCK_H)`` (below ``num_heads``) of one token copied unchanged."""
+                scale, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr):
+    """Rows ``[first_head, first_head + BLOCK_H)`` (below ``num_heads``) of one token copied unchanged
+    (``FP8``: quantized by ``scale``)."""
     heads = (first_head + tl.arange(0, BLOCK_H)).to(tl.int64)[:, None]
     d = tl.arange(0, BLOCK_D)[None, :]
     mask = (heads < num_heads) & (d < HEAD_DIM)
     rows = tl.load(src_ptr + heads * stride_src_h + d * stride_src_d, mask=mask)
+    if FP8:
+        rows = quantize_fp8(rows, scale, dst_ptr.dtype.element_ty)
     tl.store(dst_ptr + heads * stride_dst_h + d * stride_dst_d, rows, mask=mask)
 
 
@@ -128,6 +145,8 @@ def _qk_norm_rope_kernel(
     stride_cache_h,
     stride_cache_d,
     eps,
+    k_scale,  # an FP8 cache's scales; None otherwise
+    v_scale,
     HEAD_DIM: tl.constexpr,
     HALF: tl.constexpr,
     REST: tl.constexpr,
@@ -137,6 +156,7 @@ def _qk_norm_rope_kernel(
     BLOCK_D: tl.constexpr,
     WRITE_KV: tl.constexpr,
     USE_PDL: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     pdl_enter(USE_PDL)  # before any load or store: see fused/pdl.py
     token = tl.program_id(0).to(tl.int64)
@@ -150,8 +170,8 @@ def _qk_norm_rope_kernel(
     sin = _round(tl.load(row + HALF + d, mask=d_ok, other=0.0), dtype)[None, :]
     if head_block < num_q_blocks:
         _norm_rotate_heads(q_ptr + token * stride_q_t, q_weight_ptr, head_block * BLOCK_H, num_q_heads, stride_q_h,
-                           stride_q_d, cos, sin, eps, q_ptr, 0, 0, 0, HEAD_DIM, HALF, REST, BLOCK_HALF,
-                           BLOCK_REST, BLOCK_H, False)
+                           stride_q_d, cos, sin, eps, q_ptr, 0, 0, 0, k_scale, HEAD_DIM, HALF, REST, BLOCK_HALF,
+                           BLOCK_REST, BLOCK_H, False, False)
     else:
         first_head = (head_block - num_q_blocks) * BLOCK_H
         if WRITE_KV:
@@ -164,11 +184,11 @@ def _qk_norm_rope_kernel(
             num_stored_heads = 0
             k_dst = kv_cache_ptr
         _norm_rotate_heads(k_ptr + token * stride_k_t, k_weight_ptr, first_head, num_k_heads, stride_k_h,
-                           stride_k_d, cos, sin, eps, k_dst, num_stored_heads, stride_cache_h, stride_cache_d, HEAD_DIM,
-                           HALF, REST, BLOCK_HALF, BLOCK_REST, BLOCK_H, WRITE_KV)
+                           stride_k_d, cos, sin, eps, k_dst, num_stored_heads, stride_cache_h, stride_cache_d, k_scale,
+                           HEAD_DIM, HALF, REST, BLOCK_HALF, BLOCK_REST, BLOCK_H, WRITE_KV, KV_FP8)
         if WRITE_KV:
             _copy_heads(v_ptr + token * stride_v_t, k_dst + stride_cache_kv, first_head, num_stored_heads, stride_v_h,
-                        stride_v_d, stride_cache_h, stride_cache_d, HEAD_DIM, BLOCK_D, BLOCK_H)
+                        stride_v_d, stride_cache_h, stride_cache_d, v_scale, HEAD_DIM, BLOCK_D, BLOCK_H, KV_FP8)
 
 
 def _check(positions, q, k, q_weight, k_weight, cos_sin_cache, rot_dim) -> None:
@@ -195,9 +215,9 @@ def _check_kv(k: torch.Tensor, kv_cache, v, slot_mapping) -> None:
     if kv_cache.dim() != 5 or kv_cache.shape[0] != 2 or tuple(kv_cache.shape[3:]) != (num_kv_heads, head_dim):
         raise ValueError(f"kv_cache {tuple(kv_cache.shape)} is not [2, num_blocks, block_size, {num_kv_heads}, "
                          f"{head_dim}] for k {tuple(k.shape)}")
-    if v.shape != k.shape or not (v.dtype == kv_cache.dtype == k.dtype):
-        raise ValueError(f"v {tuple(v.shape)} {v.dtype} and kv_cache ({kv_cache.dtype}) must match k "
-                         f"{tuple(k.shape)} {k.dtype}: the cache stores the rows as they are")
+    if v.shape != k.shape or v.dtype != k.dtype or kv_cache.dtype not in (k.dtype, torch.float8_e4m3fn):
+        raise ValueError(f"v {tuple(v.shape)} {v.dtype} must match k {tuple(k.shape)} {k.dtype}, and kv_cache "
+                         f"({kv_cache.dtype}) hold k's dtype (the rows as they are) or float8_e4m3fn (quantized)")
     if slot_mapping.dim() != 1 or slot_mapping.shape[0] > num_tokens or slot_mapping.dtype not in (torch.int32,
                                                                                                   torch.int64):
         raise ValueError(f"slot_mapping {tuple(slot_mapping.shape)} {slot_mapping.dtype} must be int32/int64 with "
@@ -207,8 +227,8 @@ def _check_kv(k: torch.Tensor, kv_cache, v, slot_mapping) -> None:
 def qk_norm_rope_inplace(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
                          k_weight: torch.Tensor, eps: float, cos_sin_cache: torch.Tensor, rot_dim: int, *,
                          block_h: int | None = None, kv_cache: torch.Tensor | None = None,
-                         v: torch.Tensor | None = None,
-                         slot_mapping: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                         v: torch.Tensor | None = None, slot_mapping: torch.Tensor | None = None,
+                         k_scale: float = 1.0, v_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm every head of q ``[T, Hq, D]`` (by ``q_weight``) and k ``[T, Hk, D]`` (by ``k_weight``),
     then rotate both by ``positions`` ``[T]`` (int32 or int64), in place; returns (q, k).
 
@@ -219,6 +239,7 @@ def qk_norm_rope_inplace(positions: torch.Tensor, q: torch.Tensor, k: torch.Tens
     ``[T, Hk, D]`` and ``slot_mapping`` (``[<= T]``): token t's finished k rows and its v rows are also
     stored at slot ``slot_mapping[t]`` (block ``s // block_size``, row ``s % block_size``); a slot of
     -1, and tokens past ``slot_mapping``'s length, are not stored. Slots are not range-checked either.
+    A float8 e4m3 cache stores k / ``k_scale`` and v / ``v_scale`` (clamped to +-448).
     """
     _check(positions, q, k, q_weight, k_weight, cos_sin_cache, rot_dim)
     write_kv = kv_cache is not None or v is not None or slot_mapping is not None
@@ -243,14 +264,16 @@ def qk_norm_rope_inplace(positions: torch.Tensor, q: torch.Tensor, k: torch.Tens
     else:  # the pointers are never read: k stands in for them
         kv_cache, v, slot_mapping = k, k, positions
         cache_strides, num_slots, block_size, v_strides = (0,) * 5, 0, 1, (0, 0, 0)
+    kv_fp8 = kv_cache.dtype == torch.float8_e4m3fn
     pdl = use_pdl(q)
     _qk_norm_rope_kernel[(num_tokens, num_blocks)](
         q, k, v, q_weight.contiguous(), k_weight.contiguous(), cos_sin_cache, positions, kv_cache, slot_mapping,
         num_q_heads, num_k_heads, num_slots, block_size, *q.stride(), *k.stride(), *v_strides,
-        cos_sin_cache.stride(0), *cache_strides, eps, HEAD_DIM=head_dim, HALF=half, REST=rest,
+        cos_sin_cache.stride(0), *cache_strides, eps, k_scale if kv_fp8 else None, v_scale if kv_fp8 else None,
+        HEAD_DIM=head_dim, HALF=half, REST=rest,
         BLOCK_HALF=block_half, BLOCK_REST=block_rest, BLOCK_H=block_h, BLOCK_D=triton.next_power_of_2(head_dim),
         WRITE_KV=write_kv, num_warps=num_warps,
         enable_fp_fusion=False,  # else y1*cos - y2*sin becomes one fma, skipping the roundings torch does
-        USE_PDL=pdl, launch_pdl=pdl,
+        USE_PDL=pdl, KV_FP8=kv_fp8, launch_pdl=pdl,
     )
     return q, k

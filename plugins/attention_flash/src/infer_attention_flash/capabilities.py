@@ -45,6 +45,10 @@ def validate_context(ctx: RuntimeContext) -> list[str]:
     head_dim = ctx.model.head_dim
     if head_dim not in HEAD_DIMS:
         reasons.append(f"head_dim {head_dim} is not supported (flash-attn takes multiples of 8 up to 256)")
+    if ctx.settings.kv_cache_dtype not in CAPABILITIES.kv_cache_dtypes:
+        reasons.append(f"KV cache dtype {ctx.settings.kv_cache_dtype} (INFER_KV_CACHE_DTYPE) is not supported: "
+                       f"flash-attn 2's paged kernels read K and V in the query's dtype and take no dequantization "
+                       f"scale (supported: {', '.join(CAPABILITIES.kv_cache_dtypes)})")
     return reasons
 
 

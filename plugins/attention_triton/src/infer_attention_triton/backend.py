@@ -1,7 +1,8 @@
 """The ``triton`` attention backend: KV write, then one decode and one prefill/extend launch per layer.
 
 The KV write is the core's kernel (``infer_core.layers.fused.kv_write``, which the flash backend
-uses too); it is skipped when the layer stored k/v itself (``forward(..., kv_written=True)``).
+uses too); it is skipped when the layer stored k/v itself (``forward(..., kv_written=True)``). An FP8
+cache (``INFER_KV_CACHE_DTYPE=fp8``) is written and read with the layer's ``k_scale``/``v_scale``.
 
 Requests come decode-only first (``BatchMetadata.num_decode_only``), so a mixed step is a
 split-K decode launch over requests ``[0, num_decode_only)`` and a prefill launch over the rest.
@@ -106,7 +107,7 @@ class TritonAttentionBackend(AttentionBackend):
         md = metadata.common
         n = md.num_tokens  # rows past it are padding: their KV is not written
         if not kv_written:  # else the layer stored k/v already (standard_kv_slot_mapping)
-            write_kv(kv_cache, k[:n], v[:n], md.slot_mapping[:n])
+            write_kv(kv_cache, k[:n], v[:n], md.slot_mapping[:n], layer.k_scale, layer.v_scale)
         out = torch.empty_like(q)
         num_decodes = md.num_decode_only
         if num_decodes:
@@ -122,6 +123,8 @@ class TritonAttentionBackend(AttentionBackend):
                 sliding_window=layer.sliding_window,
                 scratch=metadata.scratch,
                 req_order=self._launch_order(md, metadata.num_splits),
+                k_scale=layer.k_scale,
+                v_scale=layer.v_scale,
             )
         if md.num_reqs > num_decodes:
             prefill_attention(
@@ -137,5 +140,7 @@ class TritonAttentionBackend(AttentionBackend):
                 max_query_len=md.max_query_len,
                 tiles=metadata.prefill_tiles,
                 sliding_window=layer.sliding_window,
+                k_scale=layer.k_scale,
+                v_scale=layer.v_scale,
             )
         return out

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 
-from infer_core.interfaces import AttentionCapabilities, RuntimeContext
+from infer_core.interfaces import AttentionCapabilities, RuntimeContext, kv_cache_dtype_reasons
 
 # Powers of two: the kernels tile head_dim whole, and tl.dot needs at least 16.
 HEAD_DIMS = (16, 32, 64, 128, 256)
 DTYPES = ("float16", "bfloat16", "float32")
 MAX_GQA_GROUP = 16  # query heads per KV head that one decode program holds
+FP8_CAPABILITY = (8, 9)  # Ada / Hopper: the first GPUs with float8 e4m3 conversions
 
 CAPABILITIES = AttentionCapabilities(
     dtypes=DTYPES,
@@ -19,6 +20,7 @@ CAPABILITIES = AttentionCapabilities(
     supports_sliding_window=True,
     supports_cuda_graphs=True,
     supports_prefill_cuda_graphs=True,  # prefill_attention: grid from max_query_len, lengths read on the device
+    kv_cache_dtypes=("auto", "fp8"),  # fp8: quantized on write, dequantized on read, inside the kernels
 )
 
 
@@ -41,4 +43,10 @@ def validate_context(ctx: RuntimeContext) -> list[str]:
         reasons.append(f"{ctx.model.num_heads} query heads do not divide into {ctx.model.num_kv_heads} KV heads")
     elif ctx.model.num_kv_heads and ctx.model.num_heads // ctx.model.num_kv_heads > MAX_GQA_GROUP:
         reasons.append(f"more than {MAX_GQA_GROUP} query heads per KV head are not supported")
+    reasons += kv_cache_dtype_reasons(CAPABILITIES, ctx)
+    if ctx.settings.kv_cache_dtype == "fp8" and ctx.is_cuda and ctx.cuda_capability is not None \
+            and tuple(ctx.cuda_capability) < FP8_CAPABILITY:
+        major, minor = ctx.cuda_capability
+        reasons.append(f"an FP8 KV cache needs compute capability 8.9 or newer (float8 e4m3 conversions); this GPU "
+                       f"is {major}.{minor}: unset INFER_KV_CACHE_DTYPE")
     return reasons

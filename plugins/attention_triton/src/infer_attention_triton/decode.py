@@ -8,6 +8,11 @@ launch), or by a second kernel (``merge_in_kernel=False``); both run the same me
 their outputs are bit-identical. A split whose slice is empty writes a zero weight and still
 counts, so the launch grid depends only on the batch size and the split count, never on the
 lengths of this step (CUDA graphs).
+
+An FP8 cache (float8 e4m3, holding value / scale) is read as its values cast to the query's dtype:
+``k_scale`` is folded into the softmax scale on the host and ``v_scale`` multiplies the output.
+``v_scale`` is None for a cache in the model's dtype, a compile-time constant like ``KV_FP8``, so that
+launch is the kernel it always was.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ def _decode_kernel(
     stride_pl_req,
     stride_pl_h,
     stride_sc_req,
+    v_scale,  # an FP8 cache's V scale; None otherwise
     GROUP: tl.constexpr,
     BLOCK_G: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -68,6 +74,7 @@ def _decode_kernel(
     UPCAST: tl.constexpr,
     HAS_ORDER: tl.constexpr,
     USE_PDL: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     pdl_enter(USE_PDL)  # before any load or store: see fused/pdl.py
     # The KV heads vary fastest, then the requests in launch order: programs start roughly in that order
@@ -111,6 +118,8 @@ def _decode_kernel(
         rows = page * stride_cache_block + (keys % PAGE_SIZE) * stride_cache_tok
         k = tl.load(k_base + rows[:, None] + dims[None, :], mask=key_mask[:, None], other=0.0)
         v = tl.load(k_base + stride_cache_kv + rows[:, None] + dims[None, :], mask=key_mask[:, None], other=0.0)
+        if KV_FP8:  # exact: every e4m3 value is a bfloat16, float16 and float32 value
+            k, v = k.to(q.dtype), v.to(q.dtype)
         if UPCAST:  # the interpreter's dot reads bfloat16 operands as raw bits: multiply in float32
             s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
@@ -131,6 +140,8 @@ def _decode_kernel(
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
+    if KV_FP8:
+        acc = acc * v_scale
     if IS_SPLIT:
         is_empty = l_i == 0.0
         acc = acc / tl.where(is_empty, 1.0, l_i)[:, None]
@@ -277,6 +288,8 @@ def decode_attention(
     scratch: SplitScratch | None = None,
     merge_in_kernel: bool = True,
     req_order: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Attention of ``q[i]`` (``[num_seqs, num_heads, head_dim]``) over the first ``seq_lens[i]`` cached tokens.
 
@@ -286,7 +299,8 @@ def decode_attention(
     same launch, or by a second one with ``merge_in_kernel=False`` (the same bits, one more launch).
     ``req_order`` (int32, a permutation of ``range(num_seqs)``): the order the requests' programs
     are launched in, longest context first (``BatchMetadata.decode_order``); it changes no bit of
-    ``out``, only which programs end last.
+    ``out``, only which programs end last. A float8 e4m3 ``kv_cache`` holds K / ``k_scale`` and
+    V / ``v_scale``; other caches ignore the scales.
     """
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads, page_size = kv_cache.shape[3], kv_cache.shape[2]
@@ -307,6 +321,7 @@ def decode_attention(
     pl_strides = part_lse.stride()[:2] if is_split else (0, 0)
     merge_in_kernel = merge_in_kernel and is_split
     block_h, block_s = triton.next_power_of_2(group), triton.next_power_of_2(num_splits)
+    kv_fp8 = kv_cache.dtype == torch.float8_e4m3fn
     pdl = use_pdl(q)
     _decode_kernel[(num_kv_heads, num_seqs, num_splits)](
         q,
@@ -318,7 +333,7 @@ def decode_attention(
         part_out,
         part_lse,
         split_counts,
-        scale * LOG2E,
+        scale * LOG2E * k_scale if kv_fp8 else scale * LOG2E,
         sliding_window or 0,
         num_splits,
         q.stride(0),
@@ -333,6 +348,7 @@ def decode_attention(
         *po_strides,
         *pl_strides,
         split_counts.stride(0) if is_split else 0,
+        v_scale if kv_fp8 else None,
         GROUP=group,
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim,
@@ -348,7 +364,7 @@ def decode_attention(
         HAS_ORDER=req_order is not None,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
-        USE_PDL=pdl, launch_pdl=pdl,
+        USE_PDL=pdl, KV_FP8=kv_fp8, launch_pdl=pdl,
     )
     if is_split and not merge_in_kernel:
         _merge_splits_kernel[(num_seqs, num_kv_heads)](

@@ -5,6 +5,9 @@ One launch covers every request with more than one query token: its queries sit 
 earlier chunks) plus the chunk itself, whose K/V were written to the cache first. Online softmax
 over key tiles; keys that every query of a tile sees are processed without a mask, the diagonal
 tiles with one.
+
+An FP8 cache is read as in decode.py: values cast to the query's dtype, ``k_scale`` folded into the
+softmax scale on the host, ``v_scale`` (None otherwise, like ``KV_FP8``) multiplying the output.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ def _attend(
     USE_WINDOW: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     """Online softmax of the query tile over keys [lo, hi); returns the running (m, l, acc)."""
     dims = tl.arange(0, HEAD_DIM)
@@ -57,6 +61,8 @@ def _attend(
         else:
             k = tl.load(k_base + rows[:, None] + dims[None, :])
             v = tl.load(k_base + stride_cache_kv + rows[:, None] + dims[None, :])
+        if KV_FP8:  # exact: every e4m3 value is a bfloat16, float16 and float32 value
+            k, v = k.to(q.dtype), v.to(q.dtype)
         if UPCAST:  # the interpreter's dot reads bfloat16 operands as raw bits: multiply in float32
             s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
@@ -103,6 +109,7 @@ def _prefill_kernel(
     stride_bt_req,
     stride_out_t,
     stride_out_h,
+    v_scale,  # an FP8 cache's V scale; None otherwise
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -111,6 +118,7 @@ def _prefill_kernel(
     USE_WINDOW: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     tile_m = num_m_tiles - 1 - tl.program_id(0)  # the longest (most keys) tiles start first
     head = tl.program_id(1)
@@ -164,6 +172,7 @@ def _prefill_kernel(
         USE_WINDOW,
         DOT_PRECISION,
         UPCAST,
+        KV_FP8,
     )
     m_i, l_i, acc = _attend(
         q,
@@ -187,7 +196,10 @@ def _prefill_kernel(
         USE_WINDOW,
         DOT_PRECISION,
         UPCAST,
+        KV_FP8,
     )
+    if KV_FP8:
+        acc = acc * v_scale
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     out = out_ptr + tokens[:, None] * stride_out_t + head * stride_out_h + dims[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
@@ -207,18 +219,22 @@ def prefill_attention(
     max_query_len: int,
     tiles: PrefillTiles,
     sliding_window: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Causal attention for requests ``[first_req, first_req + num_reqs)`` of the flat batch.
 
     ``q``/``out`` are ``[num_tokens, num_heads, head_dim]`` indexed by ``query_start_loc``; the
     K/V of every query token must already be in ``kv_cache``. ``max_query_len`` (a host int)
-    sizes the grid: programs past a request's own length return at once.
+    sizes the grid: programs past a request's own length return at once. A float8 e4m3 ``kv_cache``
+    holds K / ``k_scale`` and V / ``v_scale``; other caches ignore the scales.
     """
     if num_reqs == 0:
         return
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, page_size = kv_cache.shape[3], kv_cache.shape[2]
     num_m_tiles = triton.cdiv(max_query_len, tiles.block_m)
+    kv_fp8 = kv_cache.dtype == torch.float8_e4m3fn
     _prefill_kernel[(num_m_tiles, num_heads, num_reqs)](
         q,
         kv_cache,
@@ -226,7 +242,7 @@ def prefill_attention(
         seq_lens,
         query_start_loc,
         out,
-        scale * LOG2E,
+        scale * LOG2E * k_scale if kv_fp8 else scale * LOG2E,
         sliding_window or 0,
         first_req,
         num_m_tiles,
@@ -239,6 +255,7 @@ def prefill_attention(
         block_tables.stride(0),
         out.stride(0),
         out.stride(1),
+        v_scale if kv_fp8 else None,
         GROUP=num_heads // num_kv_heads,
         HEAD_DIM=head_dim,
         BLOCK_M=tiles.block_m,
@@ -247,6 +264,7 @@ def prefill_attention(
         USE_WINDOW=sliding_window is not None,
         DOT_PRECISION=dot_precision(q.dtype),
         UPCAST=is_interpreted(),
+        KV_FP8=kv_fp8,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )
