@@ -142,8 +142,15 @@ def main() -> None:
         for name, own, inclusive in summarize_stacks(args.py_spy):
             print(f"{own:6.1%} self {inclusive:6.1%} incl  {name}")
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(flags=shlex.join(config.server_flags), rows=rows,
-                                                   python=sys.version.split()[0]), indent=1))
+        import infer_core
+
+        tree = Path(infer_core.__file__).parent.parent
+        commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip() or None
+        Path(args.json).write_text(json.dumps(dict(
+            flags=shlex.join(config.server_flags), tree=str(tree), commit=commit, label=config.label,
+            date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), cpus=os.cpu_count(), load_average=os.getloadavg(),
+            python=sys.version.split()[0], rows=rows), indent=1))
 
 
 if __name__ == "__main__":
