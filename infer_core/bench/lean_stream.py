@@ -135,36 +135,40 @@ async def send_streaming_request_lean(url: str, payload: dict[str, Any], headers
                f"Accept: text/event-stream\r\nContent-Length: {len(body)}\r\nConnection: close\r\n{extra}\r\n"
                ).encode("latin-1") + body
     loop = asyncio.get_running_loop()
-    transport = None
+    connection: list[asyncio.Transport] = []
+
+    async def exchange() -> RequestRecord:
+        transport, reader = await loop.create_connection(_Reader, parts.hostname, parts.port or 80)
+        connection.append(transport)
+        transport.write(request)
+        status, response_headers = await _read_head(reader)
+        stream = _Body(reader, response_headers)
+        if status != 200:
+            data = bytearray()
+            while (piece := await stream.next()) is not None:
+                data += piece
+            return failed(record, f"HTTP {status}: {error_message(bytes(data))}")
+        timer = EventTimer(record)
+        async for lines in _lines(stream):
+            now = time.perf_counter()
+            for line in lines:
+                failure = timer.line(line, now)
+                if failure is not None:
+                    return failed(record, failure)
+                if timer.done:
+                    return timer.finish()
+        return timer.finish()
+
     try:
-        async with asyncio.timeout(timeout_s):
-            transport, reader = await loop.create_connection(_Reader, parts.hostname, parts.port or 80)
-            transport.write(request)
-            status, response_headers = await _read_head(reader)
-            stream = _Body(reader, response_headers)
-            if status != 200:
-                data = bytearray()
-                while (piece := await stream.next()) is not None:
-                    data += piece
-                return failed(record, f"HTTP {status}: {error_message(bytes(data))}")
-            timer = EventTimer(record)
-            async for lines in _lines(stream):
-                now = time.perf_counter()
-                for line in lines:
-                    failure = timer.line(line, now)
-                    if failure is not None:
-                        return failed(record, failure)
-                    if timer.done:
-                        return timer.finish()
-            return timer.finish()
+        return await asyncio.wait_for(exchange(), timeout_s)
     except json.JSONDecodeError as e:
         return failed(record, f"malformed stream data (not JSON): {e.msg}")
-    except TimeoutError:
+    except asyncio.TimeoutError:
         return failed(record, f"ReadTimeout: no answer within {timeout_s:g} s")
     except (OSError, ValueError, IndexError) as e:  # refused, reset, or a malformed response
         return failed(record, f"{type(e).__name__}: {e or 'no details'}")
     finally:
-        if transport is not None:
+        for transport in connection:
             transport.close()
 
 
