@@ -48,6 +48,62 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+class EventTimer:
+    """Times a stream's events line by line: TTFT at the first event with text, a gap at each later one."""
+
+    def __init__(self, record: RequestRecord) -> None:
+        self.record = record
+        self.last_content: float | None = None
+        self.num_content_chunks = 0
+        self.usage: dict[str, Any] | None = None
+        self.done = False
+
+    def line(self, line: str, now: float) -> str | None:
+        """Take one line (``done`` turns True at ``[DONE]``); the failure it shows, else None.
+
+        Raises json.JSONDecodeError for a data line that is not JSON."""
+        event = _parse_sse_line(line)
+        if event is None:
+            return None
+        if event == "[DONE]":
+            self.done = True
+            return None
+        if not isinstance(event, dict):
+            return f"unexpected stream data: {line[:200]}"
+        if _is_error_event(event):
+            return f"error in stream: {_envelope_message(event)}"
+        if event.get("usage"):
+            self.usage = event["usage"]
+        if _content(event):
+            record = self.record
+            if self.last_content is None:
+                record.ttft = now - record.start
+            else:
+                record.itl.append(now - self.last_content)
+            self.last_content = now
+            self.num_content_chunks += 1
+        return None
+
+    def finish(self) -> RequestRecord:
+        """The record once the stream ended well: tokens from the usage event, else one per event with text."""
+        record = self.record
+        record.e2e = time.perf_counter() - record.start
+        usage = self.usage
+        if usage is not None:
+            record.output_tokens = int(usage.get("completion_tokens") or 0)
+            if usage.get("prompt_tokens") is not None:
+                record.prompt_tokens = int(usage["prompt_tokens"])
+        else:
+            record.output_tokens = self.num_content_chunks
+        if record.ttft is None:
+            return _failed(
+                record,
+                f"the stream ended without generated text ({record.output_tokens} output tokens)",
+            )
+        record.is_ok = True
+        return record
+
+
 async def send_streaming_request(
     client: httpx.AsyncClient,
     url: str,
@@ -58,9 +114,7 @@ async def send_streaming_request(
     import httpx
 
     record = RequestRecord(start=time.perf_counter())
-    last_content: float | None = None
-    num_content_chunks = 0
-    usage: dict[str, Any] | None = None
+    timer = EventTimer(record)
     try:
         async with client.stream(
             "POST", url, json=payload, headers=headers
@@ -71,45 +125,21 @@ async def send_streaming_request(
                     record, f"HTTP {response.status_code}: {error_message(body)}"
                 )
             async for line in response.aiter_lines():
-                now = time.perf_counter()
-                event = _parse_sse_line(line)
-                if event is None:
-                    continue
-                if event == "[DONE]":
+                failure = timer.line(line, time.perf_counter())
+                if failure is not None:
+                    return _failed(record, failure)
+                if timer.done:
                     break
-                if not isinstance(event, dict):
-                    return _failed(record, f"unexpected stream data: {line[:200]}")
-                if _is_error_event(event):
-                    return _failed(
-                        record, f"error in stream: {_envelope_message(event)}"
-                    )
-                if event.get("usage"):
-                    usage = event["usage"]
-                if _content(event):
-                    if last_content is None:
-                        record.ttft = now - record.start
-                    else:
-                        record.itl.append(now - last_content)
-                    last_content = now
-                    num_content_chunks += 1
     except httpx.HTTPError as e:
         return _failed(record, f"{type(e).__name__}: {e or 'no details'}")
     except json.JSONDecodeError as e:
         return _failed(record, f"malformed stream data (not JSON): {e.msg}")
-    record.e2e = time.perf_counter() - record.start
-    if usage is not None:
-        record.output_tokens = int(usage.get("completion_tokens") or 0)
-        if usage.get("prompt_tokens") is not None:
-            record.prompt_tokens = int(usage["prompt_tokens"])
-    else:
-        record.output_tokens = num_content_chunks
-    if record.ttft is None:
-        return _failed(
-            record,
-            f"the stream ended without generated text ({record.output_tokens} output tokens)",
-        )
-    record.is_ok = True
-    return record
+    return timer.finish()
+
+
+def failed(record: RequestRecord, error: str) -> RequestRecord:
+    """``record`` as a failure with ``error``."""
+    return _failed(record, error)
 
 
 async def list_models(

@@ -15,8 +15,9 @@ from typing import Any
 from litestar import Litestar, Router
 from litestar.datastructures import State
 
+from infer_core.server import body_worker
 from infer_core.server.errors import EXCEPTION_HANDLERS
-from infer_core.server.http import require_api_key
+from infer_core.server.http import decode_large_body, require_api_key
 from infer_core.server.info_routes import detokenize, health, list_models, metrics, plugins, tokenize
 from infer_core.server.openai_routes import chat_completions, completions
 from infer_core.server.openapi import OpenAPIDocument, openapi_config, openapi_json
@@ -35,6 +36,7 @@ def create_app(settings: EngineSettings | None = None) -> Litestar:
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
         logger.info("loading the model %s in the engine core process…", settings.model or "(the default model)")
         server.engine.start(asyncio.get_running_loop())
+        body_worker.start()
         try:
             yield
         finally:
@@ -44,7 +46,7 @@ def create_app(settings: EngineSettings | None = None) -> Litestar:
             logger.info("engine stopped")
 
     protected = Router("/", route_handlers=[chat_completions, completions, list_models, plugins, tokenize, detokenize],
-                       guards=[require_api_key])
+                       guards=[require_api_key], before_request=decode_large_body)
     return Litestar(
         route_handlers=[protected, health, metrics, openapi_json],
         lifespan=[lifespan],

@@ -17,11 +17,12 @@ from litestar.typing import FieldDefinition
 from pydantic import BaseModel
 
 from infer_core.server.body import check_content_type, decode_object
+from infer_core.server.body_worker import LARGE_BODY, decode_large
 from infer_core.server.errors import OpenAIError
 from infer_core.server.validation import validate
 
 T = TypeVar("T")
-LARGE_BODY = 1 << 20  # above this, the garbage collector waits while the body is decoded
+DECODED_BODY = "infer_decoded_body"  # the request's state key of a body decoded by ``decode_large_body``
 
 
 def require_api_key(connection: ASGIConnection, _: BaseRouteHandler) -> None:
@@ -63,10 +64,26 @@ class JSONBody(AbstractDTO[T], Generic[T]):
         return False
 
     def decode_bytes(self, value: bytes) -> Any:
-        check_content_type(self.asgi_connection.headers.get("content-type"))
-        model = self._models[self.asgi_connection.route_handler.handler_id]
+        connection = self.asgi_connection
+        decoded = connection.state.get(DECODED_BODY)
+        if decoded is not None:  # a large body, already decoded off the event loop
+            return decoded
+        check_content_type(connection.headers.get("content-type"))
+        model = self._models[connection.route_handler.handler_id]
         with _collector_paused(len(value) > LARGE_BODY):
             return validate(model, decode_object(value))
+
+
+async def decode_large_body(request: Request) -> None:
+    """``before_request``: a large body of a route that reads a ``JSONBody`` is decoded and validated in the
+    body worker's process (``body_worker``) while the event loop serves others; the DTO then hands it over."""
+    model = JSONBody._models.get(request.route_handler.handler_id)
+    if model is None:
+        return
+    body = await request.body()  # kept by the request: the DTO's read of it costs nothing
+    if len(body) > LARGE_BODY:
+        check_content_type(request.headers.get("content-type"))
+        request.state[DECODED_BODY] = await decode_large(model, body)
 
 
 @contextmanager

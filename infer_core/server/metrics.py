@@ -2,16 +2,21 @@
 
 Gauges and counters are read at scrape time from the last snapshot of the engine core's counters
 (a custom collector: nothing to update on the hot path); latency histograms are observed on the
-event loop as each step's outputs arrive from the core. Each app owns its registry, so several apps can live in one process (tests).
+event loop as each step's outputs arrive from the core, into ``LatencyHistogram``s: plain bucket
+counts, a bisect per value, where prometheus_client's ``Histogram.observe`` takes a lock and walks
+the buckets in Python (every output token of every stream passes here). Each app owns its
+registry, so several apps can live in one process (tests).
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from infer_core.engine.engine_state import EngineSnapshot
 from infer_core.interfaces import ParallelMetric
@@ -78,6 +83,30 @@ class _SnapshotCollector(Collector):
             yield per_position
 
 
+class LatencyHistogram(Collector):
+    """One histogram series (seconds, labelled ``model_name``): bucket counts and a sum, exported at scrape time."""
+
+    def __init__(self, name: str, documentation: str, model_name: str,
+                 buckets: tuple[float, ...] = _LATENCY_BUCKETS) -> None:
+        self.name, self.documentation, self.model_name = PREFIX + name, documentation, model_name
+        self.bounds = list(buckets)
+        self.counts = [0] * (len(buckets) + 1)  # the last: above every bound (+Inf)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1  # le: a value on a bound counts in its bucket
+        self.sum += value
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=["model_name"])
+        cumulative, buckets = 0, []
+        for bound, count in zip([*self.bounds, float("inf")], self.counts):
+            cumulative += count
+            buckets.append((floatToGoString(bound), cumulative))
+        family.add_metric([self.model_name], buckets, self.sum)
+        yield family
+
+
 class ServerMetrics:
     """The app's registry; ``observe`` runs on the event loop with every step's outputs."""
 
@@ -86,9 +115,10 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         self.registry.register(_SnapshotCollector(model_name, snapshot, parallel))
 
-        def histogram(name: str, doc: str) -> Histogram:
-            return Histogram(PREFIX + name, doc, ["model_name"], registry=self.registry,
-                             buckets=_LATENCY_BUCKETS).labels(model_name)
+        def histogram(name: str, doc: str) -> LatencyHistogram:
+            series = LatencyHistogram(name, doc, model_name)
+            self.registry.register(series)
+            return series
 
         self.time_to_first_token = histogram("time_to_first_token_seconds", "Arrival to first token.")
         self.inter_token_latency = histogram("inter_token_latency_seconds", "Time between a request's outputs.")

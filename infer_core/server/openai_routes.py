@@ -44,6 +44,7 @@ from infer_core.server.response_schemas import (
 )
 from infer_core.server.responses import (
     DONE,
+    ChunkFrame,
     chat_logprobs,
     completion_logprobs,
     sse,
@@ -83,11 +84,12 @@ def _stream_response(events: AsyncIterator[bytes]) -> Stream:
 
 async def _sse_events(state: ServerState, submitted: list[Submitted], chunks, include_usage: bool,
                       base: dict[str, Any]) -> AsyncIterator[bytes]:
-    """Shared SSE loop: the chunks of each output, an optional usage chunk, then [DONE]."""
+    """Shared SSE loop: the chunks of each output (one event per choice), an optional usage chunk, then [DONE]."""
+    frame = ChunkFrame(base, include_usage)
     try:
         async for item, output in merged(state, submitted):
-            for payload in chunks(item, output):
-                yield sse({**base, **payload, **({"usage": None} if include_usage else {})})
+            for choice in chunks(item, output):
+                yield frame.event(choice)
         if include_usage:
             yield sse({**base, "choices": [], "usage": _usage(submitted)})
     except OpenAIError as e:
@@ -175,8 +177,7 @@ def _chat_events(state: ServerState, submitted: list[Submitted], body: ChatCompl
             if calls:
                 delta["tool_calls"] = calls
             logprobs = chat_logprobs(c, top, delta_only=True) if c.delta_token_ids else None
-            yield {"choices": [{"index": c.index, "delta": delta, "logprobs": logprobs,
-                                "finish_reason": finish_reason}]}
+            yield {"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
     return _sse_events(state, submitted, chunks, body.include_usage, base)
 
@@ -288,6 +289,6 @@ def _completion_events(state: ServerState, submitted: list[Submitted], body: Com
                       "finish_reason": c.finish_reason if c.finished else None}
             if starts and body.prompt_logprobs is not None:
                 choice["prompt_logprobs"] = vllm_prompt_logprobs(output)
-            yield {"choices": [choice]}
+            yield choice
 
     return _sse_events(state, submitted, chunks, body.include_usage, base)

@@ -27,6 +27,21 @@ def sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + _encode(payload) + b"\n\n"
 
 
+class ChunkFrame:
+    """The SSE events of one streamed response: its fixed fields (id, object, created, model, and
+    ``"usage": null`` when usage comes last) encoded once, each event only its choices.
+
+    ``event(choice)`` gives the bytes ``sse({**base, "choices": [choice], **usage_null})`` gives.
+    """
+
+    def __init__(self, base: dict[str, Any], include_usage: bool) -> None:
+        self._head = b"data: " + _encode(base)[:-1] + b',"choices":['
+        self._tail = b'],"usage":null}\n\n' if include_usage else b"]}\n\n"
+
+    def event(self, choice: dict[str, Any]) -> bytes:
+        return self._head + _encode(choice) + self._tail
+
+
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> Usage:
     details = PromptTokensDetails(cached_tokens) if cached_tokens else None
     return Usage(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens, details)

@@ -134,3 +134,30 @@ def test_a_misspelt_field_is_400_with_did_you_mean_and_other_fields_are_ignored(
     assert err["param"] == "messages.0.contnet" and "'content'" in err["message"], err
     r = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1, "some_vendor_field": 1})
     assert r.status_code == 200, r.text
+
+
+def test_a_large_body_is_decoded_while_the_server_answers_others(http, server):
+    """15 MB of token ids take seconds to decode and validate; meanwhile /v1/models answers as fast as ever."""
+    import threading
+
+    raw = json.dumps({"model": MODEL, "prompt": [1000 + i % 1000 for i in range(2_500_000)], "max_tokens": 1}).encode()
+    big: dict = {}
+
+    def send_big() -> None:
+        with httpx.Client(base_url=server.base_url, timeout=120) as other:
+            start = time.perf_counter()
+            big["response"] = _post(other, "/v1/completions", raw)
+            big["seconds"] = time.perf_counter() - start
+
+    sender = threading.Thread(target=send_big)
+    sender.start()
+    waits = []
+    while sender.is_alive():
+        start = time.perf_counter()
+        assert http.get("/v1/models").status_code == 200
+        waits.append(time.perf_counter() - start)
+        time.sleep(0.02)
+    sender.join()
+    assert _error(big["response"], 400)["code"] == "context_length_exceeded"
+    # on the event loop, the decode held every request sent meanwhile for most of the big one's time
+    assert max(waits) < big["seconds"] / 3, (max(waits), big["seconds"], len(waits))

@@ -58,3 +58,18 @@ def test_speculative_decoding_counters_appear_with_a_speculative_policy():
                                                       {"model_name": "m", "position": str(p)}) for p in range(3)]
     assert per_position == [7, 4, 1]
     assert stats.acceptance_rate == 0.4 and stats.mean_acceptance_length == 2.2
+
+
+def test_latency_buckets_count_a_value_on_a_bound_in_that_bucket_and_are_cumulative():
+    metrics = ServerMetrics("m", EngineSnapshot)
+    for value in (0.001, 0.0011, 0.3, 1000.0):
+        metrics.inter_token_latency.observe(value)
+
+    def bucket(le: str) -> float:
+        return metrics.registry.get_sample_value("infer:inter_token_latency_seconds_bucket",
+                                                 {"model_name": "m", "le": le})
+
+    assert (bucket("0.001"), bucket("0.005"), bucket("0.25"), bucket("0.5"), bucket("640.0"), bucket("+Inf")) == (
+        1, 2, 2, 3, 3, 4)
+    assert _sample(metrics, "inter_token_latency_seconds_count") == 4
+    assert abs(_sample(metrics, "inter_token_latency_seconds_sum") - 1000.3021) < 1e-9
