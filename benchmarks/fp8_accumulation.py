@@ -52,10 +52,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins/quant_w8a8/tests"))
-    from test_gemm import _operands
-
     from infer_quant_w8a8.quantize import quantize_activations, reference_linear
     from infer_quant_w8a8.schemes import QuantDtype, online_scheme
+    from test_gemm import _operands
 
     scheme = online_scheme(QuantDtype.FP8)
     x, wq, scale, bias = _operands(args.rows, 6144, 4096, scheme, "cpu")
