@@ -34,13 +34,17 @@ def test_int8_int_mm_is_the_reference(rows, static):
     assert torch.equal(got, expected)
 
 
-def test_fp8_scaled_mm_is_the_reference_within_a_rounding():
+def test_fp8_scaled_mm_is_the_reference():
     scheme = online_scheme(QuantDtype.FP8)
     x, wq, scale, bias = _operands(5, 32, 64, scheme, "cpu")
     got = fp8_scaled_mm(x, wq, scale, scheme, bias, None)
-    expected = reference_linear(x, wq, scale, scheme, bias)
-    # _scaled_mm rounds its output to bfloat16 before the bias: two roundings against one
-    torch.testing.assert_close(got.float(), expected.float(), rtol=2**-7, atol=2**-6)
+    # the bfloat16 bias in _scaled_mm's float32 epilogue: one rounding, as the reference (float32 sums on the CPU)
+    assert torch.equal(got, reference_linear(x, wq, scale, scheme, bias))
+    x16, bias16 = x.half(), bias.half()  # a float16 model: its bias after _scaled_mm's bfloat16 output
+    got = fp8_scaled_mm(x16, wq, scale, scheme, bias16, None)
+    product = fp8_scaled_mm(x16, wq, scale, scheme, None, None).float()
+    assert got.dtype == torch.float16
+    assert torch.equal(got, (product + bias16.float()).half())
 
 
 def test_kernels_are_chosen_by_device_and_shape():
@@ -96,4 +100,16 @@ def test_cuda_linear_paths_at_qwen3_8b_shapes(dtype, rows):
         expected = (x.double() @ dequantize_weight(wq, scale).double().T + bias.double()).float()
     else:
         expected = reference_linear(x, wq, scale, scheme, bias).float()
-    torch.testing.assert_close(got, expected, rtol=2**-7, atol=2e-2)
+    single_rounding = 2e-2 + 2**-7 * expected.abs()
+    if rows <= 8 or dtype is QuantDtype.INT8:  # float32 sums (GEMV), exact int32 sums (_int_mm): one rounding apart
+        assert bool(((got - expected).abs() <= single_rounding).all())
+        return
+    # _scaled_mm on the FP8 tensor cores: each MMA aligns its 32 products and the partial sum to the largest
+    # exponent and keeps about 14 bits, so its sums are not float32's. benchmarks/fp8_accumulation.py emulates
+    # that on these operands: at 14 bits it puts 2 of 24,576 outputs past the single-rounding bound (the H100:
+    # 9 of 98,304 and 61 of 614,400), with an accumulation error of 0.0079 rms and 0.040 at most (13 bits: 148
+    # outputs, 0.020 rms). Hence: every output within the bound plus 2**-4 (8 x that rms; the H100's largest
+    # difference was 0.0625 = 0.040 + one bfloat16 ulp at |y| ~ 5), and at most 0.1% of them past the single
+    # rounding bound (a wrong scale or rounding misses nearly all of them).
+    assert bool(((got - expected).abs() <= single_rounding + 2**-4).all())
+    assert int(((got - expected).abs() > single_rounding).sum()) <= expected.numel() // 1000

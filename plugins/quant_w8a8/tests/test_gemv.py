@@ -30,6 +30,22 @@ def test_w8_gemv_matches_the_dequantized_product(device, dtype, n, k, rows, grou
     torch.testing.assert_close(got.double().cpu(), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", list(QuantDtype))
+def test_w8_gemv_at_large_k_loads_the_dense_gemv_bytes_a_step(device, dtype):
+    """From K=4096 the dense GEMV's K step is 8 x 1024 bf16 values (16 KiB): the 8-bit one takes 8 x 2048 (the
+    same bytes), never past K or a scale group; and its sums over those wider steps are still the product."""
+    from infer_core.layers.fused.gemv_tiles import choose_config, num_sms
+    from infer_quant_w8a8.gemv import tiles, w8_gemv
+
+    dev = torch.device(device)
+    for n, k in ((6144, 4096), (4096, 12288), (24576, 4096)):
+        dense = choose_config(n, k, 2, num_sms(dev))
+        assert tiles(n, k, None, dev) == (dense.block_n, 2 * dense.block_k, dense.num_warps)
+    assert tiles(6144, 4096, 128, dev)[1] == 128
+    (x, wq, scale, b), expected = _case(8, 4096, 1, dtype, None, torch.float32, device)
+    torch.testing.assert_close(w8_gemv(x, wq, scale, b).double().cpu(), expected, rtol=1e-5, atol=1e-4)
+
+
 def test_w8_gemv_rounds_once_to_bfloat16(device):
     from infer_quant_w8a8.gemv import w8_gemv
 

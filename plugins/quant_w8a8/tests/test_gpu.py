@@ -12,9 +12,10 @@ pytestmark = pytest.mark.gpu
 PROMPTS = [[5, 17, 99, 3, 250, 8, 41], [7] * 3 + list(range(30, 70)), [300, 301, 2, 9]]
 
 
-def run(folder, **settings):
-    llm = LLM(str(folder), device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3, max_model_len=256, **settings)
-    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+def run(folder, device="cuda", dtype="bfloat16", max_tokens=16, **settings):
+    extra = {"gpu_memory_utilization": 0.3} if device == "cuda" else {}
+    llm = LLM(str(folder), device=device, dtype=dtype, max_model_len=256, **extra, **settings)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     with LogitsRecorder(llm.engine) as recorder:
         outputs = llm.generate(PROMPTS, params, use_tqdm=False)
     tokens = [o.outputs[0].token_ids for o in outputs]
@@ -23,20 +24,37 @@ def run(folder, **settings):
     return tokens, logits
 
 
+def distance(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((got - expected).norm() / expected.norm())
+
+
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     # widths of multiples of 16 (torch._scaled_mm), 128 columns (the int8 GEMM's alignment too)
     return make_tiny_checkpoint("qwen3", tmp_path_factory.mktemp("w8a8-gpu"), hidden_size=128, intermediate_size=256)
 
 
-@pytest.mark.parametrize("quantization, limit", [("int8", 0.03), ("fp8", 0.15)])
-def test_w8a8_engine_on_cuda(folder, quantization, limit):
+@pytest.mark.parametrize("quantization", ["int8", "fp8"])
+def test_w8a8_engine_on_cuda(folder, quantization):
+    """CUDA graphs replay the eager steps; and the prompt's logits move from the unquantized model's by what the
+    CPU reference W8A8 moves them on the same model.
+
+    That distance is the model's, not a constant: on this checkpoint (random weights, hidden 128) the CPU
+    reference moves the three prompts' logits by 2.8-5.7% (int8) and 10-19% (fp8) in bfloat16 and float32, and
+    the quantized model is so sensitive that bfloat16's rounding alone moves its logits by 3-4% (int8) and
+    8-11% (fp8) from float32's (one activation flipping to the next 8-bit value flips others downstream).
+    So: the GPU's distance at most the CPU reference's in bfloat16 plus that spread, both measured here.
+    """
     _, base = run(folder)
     tokens, logits = run(folder, quantization=quantization)
     eager_tokens, eager_logits = run(folder, quantization=quantization, enforce_eager=True)
     # the graphs replay what the eager steps compute (cuBLAS may pick other kernels for a graph's padded rows)
     assert tokens == eager_tokens
     for got, eager in zip(logits, eager_logits):
-        assert float((got - eager).norm() / eager.norm()) < 1e-2
-    for got, expected in zip(logits, base):  # the first sampled position: the prompt's own logits, same context
-        assert float((got[0] - expected[0]).norm() / expected[0].norm()) < limit
+        assert distance(got, eager) < 1e-2
+    cpu = {(dtype, q): run(folder, "cpu", dtype, max_tokens=1, **({"quantization": q} if q else {}))[1]
+           for dtype in ("bfloat16", "float32") for q in (None, quantization)}
+    for i, (got, expected) in enumerate(zip(logits, base)):  # the first sampled position: the prompt's own logits
+        reference = distance(cpu["bfloat16", quantization][i][0], cpu["bfloat16", None][i][0])
+        spread = distance(cpu["bfloat16", quantization][i][0], cpu["float32", quantization][i][0])
+        assert distance(got[0], expected[0]) <= reference + spread, (i, reference, spread)

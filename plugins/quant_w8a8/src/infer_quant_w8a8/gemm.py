@@ -5,8 +5,11 @@ layer's scheme, the bias and the static input scale, and returns ``x @ W^T + bia
 
 - ``reference``: :func:`infer_quant_w8a8.quantize.reference_linear` (int8 summed exactly by ``torch._int_mm``,
   e4m3 in float32). The CPU's path, and where no GPU kernel below applies (groups of K columns).
-- ``fp8_scaled_mm``: ``torch._scaled_mm`` with row-wise scales (a scale per token, a scale per weight row),
-  Hopper's FP8 tensor cores; K and N multiples of 16.
+- ``fp8_scaled_mm``: ``torch._scaled_mm`` with row-wise scales (a scale per token, a scale per weight row)
+  and a bfloat16 bias in its float32 epilogue, Hopper's FP8 tensor cores; K and N multiples of 16. The
+  tensor cores sum each MMA's 32 products aligned to the largest of them and the partial sum, keeping about
+  14 bits (cuBLAS / CUTLASS move the partial sums to float32 every 4 MMAs): not the reference's float32 sums
+  bit for bit (``tests/test_gemm.py`` bounds the difference).
 - ``int8_int_mm``: ``torch._int_mm`` (int32 sums) and the scales applied after; K and N multiples of 8, and
   more than 16 rows (fewer are padded to 17: only 9-16-row batches, the GEMV takes up to 8).
 
@@ -36,10 +39,14 @@ def _rowwise(x_scale: torch.Tensor, rows: int) -> torch.Tensor:
 
 def fp8_scaled_mm(x, weight, scale, scheme, bias, input_scale):
     xq, x_scale = quantize_activations(x, scheme.activation, input_scale)
+    # Row-wise scaling writes bfloat16. A bfloat16 bias goes into the GEMM's float32 epilogue
+    # (``sums * x_scale * w_scale + bias``, rounded once, as the reference); any other is added after the
+    # rounding of the product (two roundings: an error of half a bfloat16 ulp of the product, not of the sum).
+    fused_bias = bias is not None and bias.dtype == torch.bfloat16
     out = torch._scaled_mm(xq, weight.t(), scale_a=_rowwise(x_scale, x.shape[0]), scale_b=scale.view(1, -1),
-                           out_dtype=torch.bfloat16)  # row-wise scaling writes bfloat16
-    if bias is not None:
-        out = out + bias
+                           bias=bias if fused_bias else None, out_dtype=torch.bfloat16)
+    if bias is not None and not fused_bias:
+        out = out.float() + bias.float()
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
 

@@ -11,8 +11,10 @@ K tile's sums by its group's scale, the tile never wider than a group.
 Like the core's dense GEMV (``infer_core.layers.fused.gemv``): each program owns ``BLOCK_N`` rows of W and
 walks the whole of K (no split-K, no atomics: the same bits every run and in CUDA-graph replay); rows of x
 past ``num_rows`` repeat the last row and are not stored; the tiles come from (N, K) alone, by the core's
-``choose_config`` at two bytes a weight (the same values a thread as the dense GEMV holds). Imports triton:
-imported only where a layer was built for it.
+``choose_config`` at two bytes a weight (the same values a thread as the dense GEMV holds; at large K the
+same bytes: :func:`tiles`); launched with programmatic dependent launch where the dense GEMV is
+(``fused.use_pdl``), so it is scheduled while the kernel before it drains. Imports triton: imported only
+where a layer was built for it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from infer_core.layers.fused.gemv_tiles import choose_config, num_sms
+from infer_core.layers.fused import use_pdl
+from infer_core.layers.fused.gemv_tiles import LARGE_K, choose_config, num_sms
+from infer_core.layers.fused.pdl import pdl_enter
 
 MAX_ROWS = 8  # decode batches; more rows are a GEMM
 
@@ -50,7 +54,9 @@ def _load_weights(w_ptrs, k, K, EVEN_K: tl.constexpr, W_INT8: tl.constexpr):
 @triton.jit(do_not_specialize=["num_rows"])
 def _w8_gemv_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, y_ptr, num_rows, N, K, stride_xm, stride_wn, stride_sn,
                     stride_ym, GROUP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, W_INT8: tl.constexpr):
+                    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, W_INT8: tl.constexpr,
+                    USE_PDL: tl.constexpr):
+    pdl_enter(USE_PDL)  # before any load or store (fused/pdl.py): launched early, waits for the kernel before
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     w_rows = tl.minimum(cols, N - 1).to(tl.int64)  # past N: row N-1 again, never stored
     offs_k = tl.arange(0, BLOCK_K)
@@ -81,9 +87,16 @@ def _w8_gemv_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, y_ptr, num_rows, N, K, stride
 
 def tiles(n: int, k: int, group_k: int | None, device: torch.device) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, warps) for W [n, k]: the dense GEMV's tiles at two bytes a weight, K tiles no wider
-    than a scale group."""
+    than a scale group. From ``LARGE_K`` on, where the dense tiles are a fixed count of elements (8 columns by
+    1024 bf16: 16 KiB a K step), twice as many K columns, so a step loads the dense GEMV's 16 KiB of W and
+    each thread holds the dense GEMV's bytes in flight (W bytes in flight per SM is what a decode GEMV's speed
+    follows: ``infer_core.layers.fused.gemv_tiles``)."""
     cfg = choose_config(n, k, 2, num_sms(device))
     block_k = cfg.block_k
+    if k >= LARGE_K and block_k < k:
+        block_k = min(2 * block_k, triton.next_power_of_2(k))
+        while block_k > 256 and k % block_k:
+            block_k //= 2
     if group_k is not None:
         if group_k & (group_k - 1):
             raise ValueError(f"weight scale groups of {group_k} columns: the GEMV takes groups of a power of two")
@@ -117,10 +130,11 @@ def w8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: to
     if scale.shape[1] != groups:
         raise ValueError(f"scale {tuple(scale.shape)} must have {groups} columns for K={k} in groups of {group_k}")
     block_n, block_k, warps = tiles(n, k, group_k, x.device)
+    pdl = use_pdl(rows)
     _w8_gemv_kernel[(triton.cdiv(n, block_n),)](
         rows, weight, scale, bias if bias is not None else scale, out, num_rows, n, k, rows.stride(0),
         weight.stride(0), scale.stride(0), n, GROUP_K=group_k or 0, BLOCK_M=triton.next_power_of_2(num_rows),
         BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0, HAS_BIAS=bias is not None,
-        W_INT8=weight.dtype == torch.int8, num_warps=warps,
+        W_INT8=weight.dtype == torch.int8, USE_PDL=pdl, num_warps=warps, launch_pdl=pdl,
     )
     return out
