@@ -4,7 +4,11 @@ The target (Qwen3-8B's config by default) and the draft (Qwen3-0.6B's) load dumm
 on one engine with ``decoding="draft"`` and one request decoding greedily:
 
 - **verify step**: the wall time of ``Engine.step`` while the request verifies k drafts (k = 1..8; the
-  drafts are fixed tokens, so the draft model does not run; a batch-1 verify replays the verify graph);
+  drafts are fixed tokens, so the draft model does not run), after 3 untimed steps of each k (a new
+  shape's first launches); with each k's fastest and slowest step, and the runner's path for it: the
+  verify graph (a batch-1 verify step of up to its token count, with an attention backend that has
+  prefill graphs: triton, the default with a speculative policy) or eager (every kernel launched from
+  Python: host-bound, several plain steps on an 8B target);
 - **draft step**: the wall time of one proposal of k tokens by the draft model (its catch-up over the
   newest token, then k-1 more forwards; one-token forwards replay the draft's CUDA graphs);
 - **end to end**: output tokens per second of ``generate`` with the draft policy (k up to ``--k-max``,
@@ -16,7 +20,7 @@ The implied speed-up at per-token acceptance a (plugins/spec_decode/README.md): 
 gains E(k, a) = (1 - a^(k+1)) / (1 - a) tokens and costs verify(k) + draft(k), so
 speed-up(k, a) = E(k, a) * plain_step / (verify(k) + draft(k)); the table gives every k and the best.
 
-    python -m benchmarks.spec_draft [--target DIR] [--draft DIR] [--load-format dummy] [--out DIR]
+    python -m benchmarks.spec_draft [--target DIR] [--draft DIR] [--load-format dummy] [--attention NAME] [--out DIR]
 """
 
 from __future__ import annotations
@@ -51,8 +55,19 @@ def implied_speedups(plain_ms: float, verify_ms: dict[int, float], draft_ms: dic
     return table
 
 
-def measure_steps(llm, k_max: int, steps: int) -> tuple[dict[int, float], dict[int, float]]:
-    """(verify step ms by k, draft proposal ms by k), on one request of the draft engine."""
+def verify_path(core, num_tokens: int) -> str:
+    """What runs a batch-1 verify step of ``num_tokens`` tokens: the verify graph of some size, or eager."""
+    runner = getattr(getattr(core.executor, "worker", None), "runner", None)
+    graphs = getattr(runner, "graphs", None)
+    if runner is None:
+        return "unknown (not a single-device executor)"
+    size = graphs.padded_verify_size(num_tokens) if graphs is not None else None
+    return f"verify graph of {size} tokens" if size is not None else "eager"
+
+
+def measure_steps(llm, k_max: int, steps: int) -> tuple[dict[int, float], dict[int, float], dict[int, dict]]:
+    """(verify step ms by k, draft proposal ms by k, each k's verify path and spread), on one request of the
+    draft engine."""
     from infer_core import SamplingParams
     from infer_core.interfaces import DraftRequest
     from infer_spec_decode.draft_policy import DraftDecoding
@@ -77,7 +92,7 @@ def measure_steps(llm, k_max: int, steps: int) -> tuple[dict[int, float], dict[i
     params = SamplingParams(temperature=0, max_tokens=100_000, ignore_eos=True)
     engine.add_request("measure", list(range(100, 228)), params)
     engine.step()  # the prompt
-    verify, draft = {}, {}
+    verify, draft, detail = {}, {}, {}
     try:
         core.decoding = fixed
         for k in range(1, k_max + 1):
@@ -89,6 +104,8 @@ def measure_steps(llm, k_max: int, steps: int) -> tuple[dict[int, float], dict[i
                 if i >= 3:
                     times.append(time.perf_counter() - start)
             verify[k] = median_ms(times)
+            detail[k] = {"path": verify_path(core, k + 1), "min_ms": round(1000 * min(times), 3),
+                         "max_ms": round(1000 * max(times), 3)}
         request = core.scheduler.get("measure")
         for k in range(1, k_max + 1):
             times = []
@@ -102,7 +119,7 @@ def measure_steps(llm, k_max: int, steps: int) -> tuple[dict[int, float], dict[i
     finally:
         core.decoding = real
         engine.abort("measure")
-    return verify, draft
+    return verify, draft, detail
 
 
 def end_to_end(llm, new_tokens: int, repeats: int) -> dict:
@@ -168,14 +185,20 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--attention", default=None,
+                        help="both engines' attention backend (default: each engine's own default)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     from infer_core import LLM
 
     common = {"model": args.target, "load_format": args.load_format, "device": args.device,
               "max_model_len": args.max_model_len, "max_num_seqs": 8}
+    if args.attention:
+        common["attention"] = args.attention
+    attention = {}
     def with_engine(run, **settings):
         llm = LLM(**common, **settings)
+        attention[settings.get("decoding", "standard")] = llm.engine.config.implementations["attention"]
         try:
             return run(llm)
         finally:
@@ -184,9 +207,10 @@ def main() -> None:
     def draft_engine(llm):  # one engine for both: each start of the 8B target costs tens of seconds
         return (*measure_steps(llm, args.k_max, args.steps), end_to_end(llm, args.new_tokens, args.repeats))
 
-    verify, draft, spec = with_engine(draft_engine, decoding="draft", speculative_model=args.draft,
+    verify, draft, detail, spec = with_engine(draft_engine, decoding="draft", speculative_model=args.draft,
                                       num_speculative_tokens=args.k_max)
     print("verify step ms by k:", verify)
+    print("verify step path and spread by k:", detail)
     print("draft proposal ms by k:", draft)
     plain, plain_ms = with_engine(lambda llm: (end_to_end(llm, args.new_tokens, args.repeats),
                                                plain_step_ms(llm, args.steps)))
@@ -202,8 +226,10 @@ def main() -> None:
     settings = {"target": Path(args.target).name, "draft": Path(args.draft).name, "load_format": args.load_format,
                 "batch": 1, "greedy": True, "prompt_len": 128, "new_tokens": args.new_tokens, "repeats": args.repeats,
                 "k_max": args.k_max, "steps": args.steps, "device": args.device,
-                "draft_cuda_graphs": "decode steps of up to 8 requests"}
+                "draft_cuda_graphs": "decode steps of up to 8 requests", "attention": attention}
+    print("attention:", attention)
     results = [{"kind": "verify_step_ms", **{str(k): v for k, v in verify.items()}},
+               {"kind": "verify_step_detail", **{str(k): v for k, v in detail.items()}},
                {"kind": "draft_proposal_ms", **{str(k): v for k, v in draft.items()},
                 "one_more_draft_forward_ms": draft_forward_ms},
                {"kind": "plain", "step_ms": plain_ms, **plain},

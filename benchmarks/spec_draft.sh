@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 28, draft-model speculative decoding, on one H100 (run from the repo root after `source .device/setup.sh`):
 # the spec_decode plugin's GPU tests, then benchmarks/spec_draft.py: Qwen3-8B target + Qwen3-0.6B-shaped draft (dummy
-# weights), batch 1: verify-step cost for k = 1..8, draft-proposal cost, end-to-end rate against plain decoding, and
+# weights), batch 1: verify-step cost for k = 1..8 (and the runner path each k took: verify graph or eager), draft-proposal cost, end-to-end rate against plain decoding, and
 # the speed-up those costs imply at acceptance 0.5 / 0.7 / 0.9. Everything lands under $OUT (about 3 minutes).
 set -u
 cd "$(dirname "$0")/.."

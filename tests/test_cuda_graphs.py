@@ -3,6 +3,8 @@ batch is padded, which graph a step replays (the GPU replays themselves: test_cu
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
@@ -15,6 +17,7 @@ from infer_core.runner.cuda_graphs import (
     forward_step,
     graph_for,
     prefill_capture_sizes,
+    verify_capture_sizes,
 )
 from infer_core.runner.inputs import StepBuffers, build_step_inputs
 from infer_core.runner.state import RequestTable
@@ -146,7 +149,7 @@ class _Replayed:
 
 def _dispatch_setup(vocab: int = 11, verify: bool = False):
     """A CudaGraphRunner over CPU buffers with decode graphs 1, 2, 4, 8, prefill graphs 16, 32 and an
-    argmax graph per decode size (with ``verify``, a verify graph of 16 tokens), each graph's output a
+    argmax graph per decode size (with ``verify``, verify graphs of 2, 4, 8, 16 tokens), each graph's output a
     distinct tensor; and the replay log."""
     buffers = StepBuffers(64, 8, 8, torch.device("cpu"), pad_block=50)
     graphs = CudaGraphRunner(buffers, 4, 64, capture_sizes(8), prefill_capture_sizes(32), verify=verify)
@@ -177,8 +180,10 @@ def test_graph_for_picks_the_graph_a_step_is_padded_for():
     assert graph_for(graphs, SchedulerOutput(num_scheduled_tokens={"p": 5, "a": 1})) == (None, None)  # mixed
     _, graphs, _ = _dispatch_setup(verify=True)
     assert graph_for(graphs, drafted) == (None, None)  # two requests verifying: eager
-    one = SchedulerOutput(num_scheduled_tokens={"a": 4}, spec_token_ids={"a": [5, 6, 7]})
-    assert graph_for(graphs, one) == (None, 16)  # one request's k+1 tokens: the verify graph
+    assert graphs.verify_sizes == [2, 4, 8, 16]
+    for tokens, size in ((2, 2), (3, 4), (4, 4), (5, 8), (8, 8), (9, 16), (16, 16)):
+        one = SchedulerOutput(num_scheduled_tokens={"a": tokens}, spec_token_ids={"a": list(range(tokens - 1))})
+        assert graph_for(graphs, one) == (None, size), tokens  # one request's k+1 tokens: the verify graph
     many = SchedulerOutput(num_scheduled_tokens={"a": 17}, spec_token_ids={"a": list(range(16))})
     assert graph_for(graphs, many) == (None, None)  # past the verify graph
 
@@ -195,10 +200,24 @@ def test_a_verify_step_replays_the_verify_graph_and_takes_its_sampled_rows():
     table.apply(step)
     inputs = build_step_inputs(step, table, block_size, torch.device("cpu"), buffers,
                                padded_num_tokens=graph_for(graphs, step)[1])
-    assert inputs.prefill_graph == 16 and inputs.sample_rows == [0, 0, 0]
+    assert inputs.prefill_graph == 4 and inputs.sample_rows == [0, 0, 0]
     assert inputs.input_ids[:3].tolist() == [8, 9, 10] and inputs.logits_indices.tolist() == [0, 1, 2]
     logits = forward_step(inputs, graphs, None)
-    assert replays == ["verify 16"] and torch.equal(logits, graphs.verify_graphs[16].logits[:3])
+    assert replays == ["verify 4"] and torch.equal(logits, graphs.verify_graphs[4].logits[:3])
+
+
+def test_verify_graph_sizes_and_the_warning_where_there_are_none(caplog):
+    """Verify graphs of 2, 4, 8 tokens below the smallest prefill graph, then its size; none without prefill
+    graphs (flash attention, several ranks), which the runner says, naming the way to get them."""
+    assert verify_capture_sizes([16, 32]) == [2, 4, 8, 16]
+    assert verify_capture_sizes([4, 8]) == [2, 4] and verify_capture_sizes([2]) == [2]
+    assert verify_capture_sizes([]) == []
+    buffers = StepBuffers(64, 8, 8, torch.device("cpu"), pad_block=50)
+    with caplog.at_level(logging.WARNING, logger="infer_core.runner.cuda_graphs"):
+        assert CudaGraphRunner(buffers, 4, 64, capture_sizes(8), [], verify=False).verify_sizes == []
+        assert not caplog.records  # the standard policy verifies nothing: nothing to say
+        assert CudaGraphRunner(buffers, 4, 64, capture_sizes(8), [], verify=True).verify_sizes == []
+    assert "every verify step" in caplog.text and "attention=triton" in caplog.text
 
 
 def test_forward_step_replays_the_chosen_graph_or_runs_eagerly():

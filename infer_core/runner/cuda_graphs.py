@@ -16,10 +16,12 @@ device, and the graph computes the logits of the one sampled position only. Back
 Argmax graphs: a greedy decode batch needs only each row's argmax of those logits, so a small graph
 per decode size holds that argmax too (``replay_argmax``): no sampler launch from Python.
 
-Verify graph (speculative decoding, where the runner is told to capture it): one request verifying
-k drafts runs its k+1 tokens as a chunk with context, as a prefill graph does, but samples all of
-them; the graph of the smallest prefill size computes the logits of its first rows
-``logits_indices`` names (as many as the chunk has tokens), so a batch-1 verify step is one replay.
+Verify graphs (speculative decoding, where the runner is told to capture them; they need prefill
+graphs): one request verifying k drafts runs its k+1 tokens as a chunk with context, as a prefill
+graph does, but samples all of them; a graph of 2, 4, 8 tokens or of the smallest prefill size
+computes the logits of its first rows ``logits_indices`` names (as many as the chunk has tokens), so
+a batch-1 verify step is one replay. Up to 8 tokens the projections stay on the GEMV (whose rows are
+padded to a power of two too) instead of a GEMM over the smallest prefill size's padded rows.
 
 A step meets them in two calls: ``graph_for`` (while its inputs are prepared: the graph its batch
 is padded for) and ``forward_step`` (that graph's replay, or the model run eagerly).
@@ -50,6 +52,11 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
     if sizes[-1] != max_num_seqs:
         sizes.append(max_num_seqs)
     return sizes
+
+
+def verify_capture_sizes(prefill_sizes: list[int]) -> list[int]:
+    """Token counts of the verify graphs: 2, 4, 8 below the smallest prefill graph's, then that one's."""
+    return [s for s in (2, 4, 8) if s < prefill_sizes[0]] + prefill_sizes[:1] if prefill_sizes else []
 
 
 def prefill_capture_sizes(max_tokens: int) -> list[int]:
@@ -83,7 +90,11 @@ class CudaGraphRunner:
         self.prefill_sizes = [n for n in prefill_sizes or () if n <= buffers.max_num_tokens]
         self.graphs: dict[int, _Graph] = {}
         self.prefill_graphs: dict[int, _Graph] = {}
-        self.verify_sizes = self.prefill_sizes[:1] if verify else []  # token counts of the verify graphs
+        self.verify_sizes = verify_capture_sizes(self.prefill_sizes) if verify else []  # their token counts
+        if verify and not self.verify_sizes:
+            logger.warning("no verify CUDA graph (no prefill graphs here: an attention backend without them, several "
+                           "ranks, or prefill_graph_max_tokens=0): every verify step of the speculative policy runs "
+                           "eagerly, its launches paid from Python; attention=triton on one rank replays one graph")
         self.verify_graphs: dict[int, _Graph] = {}  # logits of every row of one request's chunk
         self.argmax_graphs: dict[int, _Graph] = {}  # per decode size: each row's argmax of its logits
 
@@ -162,7 +173,7 @@ class CudaGraphRunner:
                 metadata = build_metadata(self._prefill_metadata(size))
                 self.prefill_graphs[size] = _capture(pool, forward_chunk, b.dev["input_ids"][:size],
                                                      b.dev["positions"][:size], metadata)
-            for size in self.verify_sizes:
+            for size in sorted(self.verify_sizes, reverse=True):
                 # rows past the step's samples hold stale indices: clamped into the chunk, their logits unread
                 def forward_verify(ids, pos, md, rows=b.dev["logits_indices"][:size], last=size - 1):
                     return forward_sampled(ids, pos, md, rows.clamp(max=last))
@@ -178,7 +189,7 @@ class CudaGraphRunner:
         prefill = (f", one-request prefills of {self.prefill_sizes[0]}-{self.prefill_sizes[-1]} tokens"
                    if self.prefill_graphs else "")
         greedy = " and their greedy argmax" if self.argmax_graphs else ""
-        prefill += f", draft verification of up to {self.verify_sizes[0]} tokens" if self.verify_graphs else ""
+        prefill += f", draft verification of up to {self.verify_sizes[-1]} tokens" if self.verify_graphs else ""
         logger.info("captured %d CUDA graphs (decode batch sizes %d-%d%s%s) in %.1f s, %.0f MiB",
                     len(self.graphs) + len(self.prefill_graphs) + len(self.argmax_graphs) + len(self.verify_graphs),
                     self.sizes[0], self.sizes[-1], greedy, prefill,

@@ -17,7 +17,7 @@ from infer_core.loader import load_catalog, negotiate_block_size
 from infer_core.models.config import model_config_from_dict
 from infer_core.settings import EngineSettings
 
-from infer_attention_flash import plugin
+from infer_attention_flash import capabilities, plugin
 from infer_attention_flash.backend import FlashAttentionBackend
 
 FLASH_ATTN_INSTALLED = importlib.util.find_spec("flash_attn") is not None
@@ -111,6 +111,17 @@ def test_not_the_default_where_it_cannot_run():
     expected = "flash" if FLASH_ATTN_INSTALLED else None
     assert plugin.default_attention_backend(context()) == expected
     assert plugin.default_attention_backend(context(block_size=512)) == expected
+
+
+@pytest.mark.parametrize("decoding", ["ngram", "draft"])
+def test_steps_aside_for_speculative_decoding(decoding, monkeypatch):
+    """Flash has no prefill (verify) CUDA graphs: a speculative policy's verify steps would all run eagerly."""
+    monkeypatch.setattr(capabilities, "flash_attn_installed", lambda: True)  # the choice, not the install
+    assert plugin.default_attention_backend(context()) == "flash"
+    assert plugin.default_attention_backend(context(decoding="standard")) == "flash"
+    assert plugin.default_attention_backend(context(decoding=decoding)) is None
+    ctx = context(decoding=decoding)
+    assert load_catalog().plugin_manager.hook.default_attention_backend(ctx=ctx) != "flash"
 
 
 @pytest.fixture

@@ -14,8 +14,12 @@ def register_attention_backends(register):
 
 @hookimpl(tryfirst=True)
 def default_attention_backend(ctx):
-    """``flash`` on CUDA when it can run here and the user's block size suits it; else pass."""
-    if not ctx.is_cuda:
+    """``flash`` on CUDA when it can run here and the user's block size suits it; else pass.
+
+    Also pass with a speculative decoding policy (any ``decoding`` but ``standard``): its batch-1 verify
+    steps replay a verify CUDA graph only with a backend that supports prefill graphs, which flash
+    does not, so with flash every verify step would run eagerly, its launches paid from Python."""
+    if not ctx.is_cuda or (ctx.settings.decoding or "standard") != "standard":
         return None
     from infer_attention_flash.capabilities import block_size_fits, validate_context
 
