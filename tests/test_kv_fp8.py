@@ -81,9 +81,33 @@ def test_a_backend_declares_the_cache_dtypes_it_can_read():
     assert re.search(r"Attention backends that can run here: torch\b", message)
 
 
+def _relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    """Largest per-token ||got - expected|| / ||expected||."""
+    got, expected = got.double().flatten(1), expected.double().flatten(1)
+    return float(((got - expected).norm(dim=1) / expected.norm(dim=1)).max())
+
+
+def _mixed_step(block: int, contexts: list[int], queries: list[int]) -> BatchMetadata:
+    """Requests (decodes first) whose pages are consecutive blocks, in order."""
+    seq_lens = [c + n for c, n in zip(contexts, queries)]
+    pages = [-(-s // block) for s in seq_lens]
+    first = [sum(pages[:i]) for i in range(len(pages))]
+    tables = torch.zeros(len(pages), max(pages), dtype=torch.int32)
+    for i, (f, n) in enumerate(zip(first, pages)):
+        tables[i, :n] = torch.arange(f, f + n)
+    slots = torch.cat([torch.arange(f * block + c, f * block + c + n) for f, c, n in zip(first, contexts, queries)])
+    starts = torch.tensor([0, *torch.tensor(queries).cumsum(0).tolist()], dtype=torch.int32)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    return BatchMetadata(
+        num_reqs=len(pages), num_tokens=sum(queries), num_decode_only=sum(n == 1 for n in queries),
+        max_query_len=max(queries), max_seq_len=max(seq_lens), block_size=block, query_start_loc=starts, seq_lens=lens,
+        block_tables=tables, slot_mapping=slots.to(torch.int32), query_start_loc_cpu=starts, seq_lens_cpu=lens)
+
+
 def test_torch_backend_reads_an_fp8_cache_as_its_dequantized_values():
-    """One mixed step (a decode, a prompt) on an FP8 cache equals the same step on a float32 cache that holds
-    the FP8 cache's values times the scales, written the same way."""
+    """One mixed step (a decode, a prompt) on an FP8 cache equals, to float32 rounding, the same step on a
+    float32 cache that holds the FP8 cache's values times the scales, written the same way (the FP8 read folds
+    ``k_scale`` into the softmax scale instead of multiplying each key: another float32 rounding)."""
     gen = torch.Generator().manual_seed(0)
     num_blocks, block, heads, kv_heads, dim = 6, 4, 4, 2, 16
     layer = AttentionLayer(0, heads, kv_heads, dim, dim**-0.5, k_scale=0.3, v_scale=0.7)
@@ -102,12 +126,39 @@ def test_torch_backend_reads_an_fp8_cache_as_its_dequantized_values():
     slots = metadata.slot_mapping.long()
     for i, (x, scale) in enumerate(((k, 0.3), (v, 0.7))):  # what the FP8 write stored, read back
         dequantized[i].view(-1, kv_heads, dim)[slots] = dequantize_kv(quantize_kv(x, scale), scale, torch.float32)
-    assert torch.equal(got, backend.forward(layer, q, k, v, dequantized, metadata, kv_written=True))
+    assert _relative_error(got, backend.forward(layer, q, k, v, dequantized, metadata, kv_written=True)) < 1e-5
     assert float(fp8.float().abs().max()) == 448.0  # clamped, not inf or nan
     stored = torch.empty_like(fp8)
     write_kv(stored, k, v, slots, 0.3, 0.7)
     assert stored.dtype == FP8_KV_DTYPE and torch.equal(stored[0].view(-1, kv_heads, dim)[slots].view(torch.uint8),
                                                          quantize_kv(k, 0.3).view(torch.uint8))
+
+
+def test_torch_backend_in_bfloat16_reads_fp8_keys_exactly():
+    """bfloat16 on an FP8 cache whose keys reach the e4m3 range: within 1e-2 of float64 attention over the cache's
+    values (stored * scale), decodes, a prompt and a chunk after a cached prefix alike.
+
+    Keys up to 448 * k_scale make scores of tens to hundreds, so softmax weight moves between near-tied keys
+    with any error of a score. The keys read as ``stored * k_scale`` rounded to bfloat16 (2^-9 of each key)
+    put errors of a few tenths into such scores and 3-5% into the outputs of these tokens; read exactly, with
+    ``k_scale`` in the softmax scale, only the probabilities' and values' bfloat16 roundings remain (~0.2%)."""
+    gen = torch.Generator().manual_seed(5)
+    block, heads, kv_heads, dim, k_scale, v_scale = 16, 4, 2, 32, 0.37, 0.61
+    contexts, queries = [130, 1, 0, 40], [1, 1, 60, 30]
+    metadata = _mixed_step(block, contexts, queries)
+    num_blocks = int(metadata.block_tables.max()) + 1
+    context = torch.randn(2, num_blocks, block, kv_heads, dim, generator=gen)
+    cache = torch.stack([quantize_kv(context[0], k_scale), quantize_kv(context[1], v_scale)])
+    q = torch.randn(sum(queries), heads, dim, generator=gen).bfloat16()
+    k = (torch.randn(sum(queries), kv_heads, dim, generator=gen) * 100).bfloat16()  # clamped at 448 * k_scale
+    v = torch.randn(sum(queries), kv_heads, dim, generator=gen).bfloat16()
+    layer = AttentionLayer(0, heads, kv_heads, dim, dim**-0.5, k_scale=k_scale, v_scale=v_scale)
+    backend = TorchAttentionBackend(_ctx("fp8"))
+    got = backend.forward(layer, q, k, v, cache, metadata)
+    values = torch.stack([dequantize_kv(cache[0], k_scale, torch.float64), dequantize_kv(cache[1], v_scale, torch.float64)])
+    expected = backend.forward(layer, q.double(), k, v, values, metadata, kv_written=True)
+    assert float(cache[0].float().abs().max()) == 448.0
+    assert _relative_error(got, expected) < 1e-2
 
 
 class KVCapacityLog(logging.Handler):
@@ -174,8 +225,13 @@ def test_checkpoint_scales_reach_every_layer(runs):
 
 def test_fp8_kv_greedy_tokens_stay_close_to_bf16(runs):
     """Up to where a prompt's tokens part ways, both runs read the same history: the logits stay within 15%
-    (measured: at most 7%), and where they part, the FP8 run's token is the bfloat16 run's best or within a
-    tenth of a standard deviation of the logits below it (measured: exact ties and 1% of one)."""
+    (measured: at most 7.5%), and where they part, the FP8 run's token is the bfloat16 run's best or within a
+    tenth of a standard deviation of the logits below it (measured: an exact tie, 1.2% and 7.2% of one).
+
+    How many prompts part is not asserted: a tiny random model's logits are nearly flat, and an error of 5-7%
+    of their norm is 5-7% of their standard deviation per logit (their mean is near 0), so the difference of
+    two logits moves by about 0.1 standard deviations: first-token margins of 0.07 (this seed's third prompt)
+    flip or not by the roundings of the reads, however exact. The bounds above are what a wrong read breaks."""
     (_, _, expected, expected_logits), (_, _, got, logits) = runs["auto"], runs["fp8"]
     for g, e, g_logits, e_logits in zip(got, expected, logits, expected_logits):
         parted = next((i for i, (a, b) in enumerate(zip(g, e)) if a != b), len(e))
@@ -185,7 +241,6 @@ def test_fp8_kv_greedy_tokens_stay_close_to_bf16(runs):
         if parted < len(e):
             ref = e_logits[parted].float()
             assert float(ref.max() - ref[g[parted]]) <= 0.1 * float(ref.std()), (parted, g, e)
-    assert sum(g == e for g, e in zip(got, expected)) >= len(expected) // 2  # most prompts never part
 
 
 def test_a_scale_per_head_is_refused(tmp_path):

@@ -9,8 +9,12 @@ layer: the decode rows' block ids (one ``index_select`` per layer copies whole b
 together), their key masks (additive, in the query's dtype, as SDPA turns a boolean mask into
 anyway), the new tokens' cache slots as int64, and the host copies of the request boundaries.
 
-An FP8 cache (``INFER_KV_CACHE_DTYPE=fp8``) is written through ``quantize_kv`` and each gathered block
-read back through ``dequantize_kv`` with the layer's scales: the reference the Triton kernels match.
+An FP8 cache (``INFER_KV_CACHE_DTYPE=fp8``) is written through ``quantize_kv``. Read back, its keys are
+the stored e4m3 values cast to the query's dtype (exact) with ``k_scale`` folded into the softmax scale,
+its values ``dequantize_kv`` with ``v_scale``: the reference the Triton kernels match. Rounding
+``stored * k_scale`` to bfloat16 instead would move each score by up to 2^-9 * scale * sum_i |q_i k_i|
+(a relative error of each key, not of the score): at keys near the e4m3 range (|k| up to 448 * k_scale)
+that is a large fraction of a logit, and near-tied scores then trade softmax weight.
 """
 
 from __future__ import annotations
@@ -76,6 +80,12 @@ class TorchAttentionMetadata:
         return mask
 
 
+def _score_scale(layer: AttentionLayer, kv_cache: torch.Tensor) -> float:
+    """The softmax scale of the scores against the cache's keys: ``k_scale`` folded in for an FP8 cache,
+    whose keys are read unscaled (exact in any float dtype), as the Triton kernels do."""
+    return layer.scale * layer.k_scale if kv_cache.dtype == FP8_KV_DTYPE else layer.scale
+
+
 class TorchAttentionBackend(AttentionBackend):
     @classmethod
     def capabilities(cls, ctx) -> AttentionCapabilities:
@@ -118,12 +128,15 @@ class TorchAttentionBackend(AttentionBackend):
     def _gather(kv_cache: torch.Tensor, blocks: torch.Tensor, layer: AttentionLayer, dtype: torch.dtype):
         """K and V of the blocks ``blocks`` [R * b] names: each [R * b * block_size, kv_heads, head_dim], in ``dtype``.
 
+        From an FP8 cache, K is the stored values unscaled (``_score_scale`` carries ``k_scale``), V is
+        ``stored * v_scale``.
+
         ``index_select`` copies whole blocks, K and V in one call (advanced indexing copies element by element).
         """
         if kv_cache.dtype == FP8_KV_DTYPE:  # its bytes gathered through a uint8 view (any device has that kernel)
             kv = kv_cache.view(torch.uint8).index_select(1, blocks).view(FP8_KV_DTYPE)
             k, v = kv[0].flatten(0, 1), kv[1].flatten(0, 1)
-            return dequantize_kv(k, layer.k_scale, dtype), dequantize_kv(v, layer.v_scale, dtype)
+            return k.to(dtype), dequantize_kv(v, layer.v_scale, dtype)
         kv = kv_cache.index_select(1, blocks)
         return kv[0].flatten(0, 1), kv[1].flatten(0, 1)
 
@@ -134,7 +147,7 @@ class TorchAttentionBackend(AttentionBackend):
         # q [R, 1, H, D] -> [R, H, 1, D]; k/v [R, S, Hk, D] -> [R, Hk, S, D]
         o = F.scaled_dot_product_attention(
             q.unsqueeze(1).transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-            attn_mask=md.decode_mask(layer.sliding_window, q.dtype), scale=layer.scale,
+            attn_mask=md.decode_mask(layer.sliding_window, q.dtype), scale=_score_scale(layer, kv_cache),
             enable_gqa=layer.num_heads != layer.num_kv_heads,
         )
         return o.transpose(1, 2).squeeze(1)
@@ -151,9 +164,9 @@ class TorchAttentionBackend(AttentionBackend):
             group = layer.num_heads // layer.num_kv_heads
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         if query_len == seq_len and layer.sliding_window is None:  # a whole prompt: plain causal
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=layer.scale)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=_score_scale(layer, kv_cache))
         else:
             query_pos = torch.arange(seq_len - query_len, seq_len, device=q.device)
             mask = _key_mask(query_pos, seq_len, seq_len, layer.sliding_window)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=layer.scale)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=_score_scale(layer, kv_cache))
         return o[0].transpose(0, 1)

@@ -7,8 +7,11 @@ layout (one launch for both, and a slot of -1 skipped, so padded rows of a captu
 are safe). Attention backends of this layout share them instead of each carrying its own.
 
 An FP8 cache (``INFER_KV_CACHE_DTYPE=fp8``, float8 e4m3) holds ``x / scale`` clamped to +-448 and is
-read back as ``stored * scale``, with the layer's ``k_scale``/``v_scale``; :func:`quantize_kv` and
-:func:`dequantize_kv` are the reference every kernel's write and read is tested against.
+read back as ``stored * scale``, with the layer's ``k_scale``/``v_scale``; :func:`quantize_kv` is the
+reference every kernel's write is tested against, and :func:`dequantize_kv` the values a read means. The
+attention backends read the keys unscaled (e4m3 values are exact in any float dtype) and fold ``k_scale``
+into the softmax scale: rounding ``stored * k_scale`` to bfloat16 would err by 2^-9 of each key, a large
+fraction of a logit at keys near the e4m3 range.
 """
 
 from __future__ import annotations
