@@ -77,8 +77,11 @@ def train_tokenizer(folder: Path, vocab_size: int) -> Path:
 
 
 def _prompts(tokenizer, prompt_len: int) -> list[list[int]]:
-    rng = random.Random(1)
-    ids = tokenizer.encode(" ".join(_words(rng, 8 * prompt_len)), add_special_tokens=False)
+    """BATCH prompts of ``prompt_len`` ids each, cut from random words (the trained tokenizer makes whole words
+    single tokens, so the text grows until it has enough ids)."""
+    rng, num_words = random.Random(1), 8 * prompt_len
+    while len(ids := tokenizer.encode(" ".join(_words(rng, num_words)), add_special_tokens=False)) < BATCH * prompt_len:
+        num_words *= 2
     return [ids[i * prompt_len:(i + 1) * prompt_len] for i in range(BATCH)]
 
 
