@@ -68,10 +68,16 @@ def run_mixed_step(device, dtype, heads, kv_heads, head_dim, contexts, queries, 
     return got, expected, triton_cache, torch_cache, metadata
 
 
+def split_k_context(device: str) -> int:
+    """A context the decode launch splits: 9 of the interpreter's 16-key tiles, 17 of the GPU's 64-key ones
+    (``choose_num_splits`` keeps at least 4 tiles a split)."""
+    return 130 if device == "cpu" else 1030
+
+
 def test_mixed_step_on_an_fp8_cache_matches_torch(device):
-    # decodes of contexts 130 (a split-K launch) and 5, a whole prompt, a chunk after a prefix (mid-block)
+    # decodes of a split-K context and of 5 tokens, a whole prompt, a chunk after a prefix (mid-block)
     got, expected, triton_cache, torch_cache, md = run_mixed_step(
-        device, torch.float32, 4, 2, 32, [130, 5, 0, 21], [1, 1, 17, 9])
+        device, torch.float32, 4, 2, 32, [split_k_context(device), 5, 0, 21], [1, 1, 17, 9])
     assert md.num_splits > 1
     assert same_bytes(triton_cache, torch_cache)  # the new tokens' K/V quantized alike, clamped alike
     assert float(triton_cache[0].float().abs().max()) == 448.0
@@ -84,7 +90,7 @@ def test_mixed_step_in_bfloat16_on_an_fp8_cache_matches_torch(device):
     values and outputs part them (~0.5%). A reference that rounds ``stored * k_scale`` to bfloat16 is 3-5% off
     at such near ties, in the prefills (fresh or after a prefix) and in decodes alike."""
     got, expected, triton_cache, torch_cache, md = run_mixed_step(
-        device, torch.bfloat16, 4, 2, 32, [130, 5, 1, 0, 40, 21], [1, 1, 1, 60, 30, 9])
+        device, torch.bfloat16, 4, 2, 32, [split_k_context(device), 5, 1, 0, 40, 21], [1, 1, 1, 60, 30, 9])
     assert md.num_splits > 1
     assert same_bytes(triton_cache, torch_cache)
     assert relative_error(got, expected) < 1e-2
