@@ -191,7 +191,11 @@ def runs(scaled_checkpoint):
     log = KVCapacityLog()
     core = logging.getLogger("infer_core.engine.core")
     core.addHandler(log)
-    level, core.level = core.level, logging.INFO
+    # whatever an earlier test in this process did to logging (a dictConfig disables the loggers that exist
+    # by then, logging.disable mutes every level), the engine's capacity line must reach this handler
+    level, disabled, muted = core.level, core.disabled, logging.root.manager.disable
+    core.level, core.disabled = logging.INFO, False
+    logging.disable(logging.NOTSET)
     found = {}
     try:
         for kv in ("auto", "fp8"):
@@ -204,7 +208,8 @@ def runs(scaled_checkpoint):
                          [recorder.logits[o.request_id] for o in outputs])
     finally:
         core.removeHandler(log)
-        core.level = level
+        core.level, core.disabled = level, disabled
+        logging.disable(muted)
     return found
 
 
