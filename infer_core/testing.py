@@ -76,6 +76,34 @@ def make_tiny_checkpoint(kind: str, folder: str | Path, seed: int = 0, **overrid
     return folder
 
 
+class TinyCheckpoints:
+    """A test session's tiny checkpoints: ``tiny_checkpoint("qwen3", num_key_value_heads=1)`` -> the folder of
+    that random model, written once per kind and overrides (the suites' ``tiny_checkpoint`` fixture)."""
+
+    def __init__(self, tmp_path_factory: Any) -> None:
+        self.tmp_path_factory = tmp_path_factory
+        self.folders: dict[tuple, Path] = {}
+
+    def __call__(self, kind: str, **overrides: Any) -> Path:
+        key = (kind, tuple(sorted(overrides.items())))
+        if key not in self.folders:
+            self.folders[key] = make_tiny_checkpoint(kind, self.tmp_path_factory.mktemp(f"tiny-{kind}"), **overrides)
+        return self.folders[key]
+
+
+def skip_gpu_tests_without_cuda(items: list) -> None:
+    """Mark the collected tests marked ``gpu`` skipped where torch sees no CUDA device (a suite's conftest)."""
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 def write_word_tokenizer(folder: str | Path, vocab_size: int = 384) -> Path:
     """A tokenizer of ``vocab_size`` words ``w0 w1 ...`` in ``folder`` (beside a tiny checkpoint, so every
     token it generates has text): id N is the word ``wN``; text is split on whitespace, an unknown word is
@@ -220,7 +248,7 @@ def compile_for_sm90(fn, args: dict, constexprs: dict, num_warps: int, num_stage
     try:
         compiled = triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
                                   options={"num_warps": num_warps, "num_stages": num_stages, "launch_pdl": True})
-    except Exception as exc:  # noqa: BLE001 - no NVIDIA backend or ptxas in this triton install
+    except Exception as exc:
         raise CannotCompile(f"{type(exc).__name__}: {exc}") from exc
     return compiled.asm
 

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from infer_core.testing import TINY_ARCHITECTURES, make_tiny_checkpoint
+from infer_core.testing import (
+    TINY_ARCHITECTURES,
+    TinyCheckpoints,
+    skip_gpu_tests_without_cuda,
+)
 
 
 @pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory):
+def tiny_checkpoint(tmp_path_factory) -> TinyCheckpoints:
     """``tiny_checkpoint("qwen3")`` -> folder of a random tiny model (config.json + safetensors)."""
-    cache: dict[str, object] = {}
-
-    def get(kind: str):
-        if kind not in cache:
-            cache[kind] = make_tiny_checkpoint(kind, tmp_path_factory.mktemp(f"tiny-{kind}"))
-        return cache[kind]
-
-    return get
+    return TinyCheckpoints(tmp_path_factory)
 
 
 @pytest.fixture(params=sorted(TINY_ARCHITECTURES))
@@ -26,11 +23,4 @@ def tiny_kind(request) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
-    import torch
-
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    skip_gpu_tests_without_cuda(items)

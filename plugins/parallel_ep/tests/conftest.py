@@ -7,21 +7,13 @@ import os
 from pathlib import Path
 
 import pytest
-from infer_core.testing import make_tiny_checkpoint
+from infer_core.testing import TinyCheckpoints
 
 
 @pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory):
+def tiny_checkpoint(tmp_path_factory) -> TinyCheckpoints:
     """``tiny_checkpoint("qwen3_moe", num_experts=6)`` -> folder of a random tiny model."""
-    cache: dict[tuple, Path] = {}
-
-    def get(kind: str, **overrides):
-        key = (kind, tuple(sorted(overrides.items())))
-        if key not in cache:
-            cache[key] = make_tiny_checkpoint(kind, tmp_path_factory.mktemp(f"tiny-{kind}"), **overrides)
-        return cache[key]
-
-    return get
+    return TinyCheckpoints(tmp_path_factory)
 
 
 def _child_pids() -> list[int]:

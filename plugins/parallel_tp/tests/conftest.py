@@ -14,21 +14,13 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from infer_core.testing import make_tiny_checkpoint  # noqa: E402 - after TRITON_INTERPRET
+from infer_core.testing import TinyCheckpoints
 
 
 @pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory):
+def tiny_checkpoint(tmp_path_factory) -> TinyCheckpoints:
     """``tiny_checkpoint("qwen2", num_key_value_heads=1)`` -> folder of a random tiny model."""
-    cache: dict[tuple, Path] = {}
-
-    def get(kind: str, **overrides):
-        key = (kind, tuple(sorted(overrides.items())))
-        if key not in cache:
-            cache[key] = make_tiny_checkpoint(kind, tmp_path_factory.mktemp(f"tiny-{kind}"), **overrides)
-        return cache[key]
-
-    return get
+    return TinyCheckpoints(tmp_path_factory)
 
 
 def child_pids() -> list[int]:

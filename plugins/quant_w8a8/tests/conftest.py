@@ -14,6 +14,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from infer_core.testing import skip_gpu_tests_without_cuda  # noqa: E402 - after TRITON_INTERPRET
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -23,9 +25,4 @@ def device() -> str:
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    skip_gpu_tests_without_cuda(items)

@@ -5,21 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from infer_core.testing import default_model_tokenizer, make_tiny_checkpoint
+from infer_core.testing import TinyCheckpoints, default_model_tokenizer, make_tiny_checkpoint
 
 
 @pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory):
+def tiny_checkpoint(tmp_path_factory) -> TinyCheckpoints:
     """``tiny_checkpoint("qwen3")`` -> folder of a random tiny model (config.json + safetensors)."""
-    cache: dict[tuple, Path] = {}
-
-    def get(kind: str, **overrides):
-        key = (kind, tuple(sorted(overrides.items())))
-        if key not in cache:
-            cache[key] = make_tiny_checkpoint(kind, tmp_path_factory.mktemp(f"tiny-{kind}"), **overrides)
-        return cache[key]
-
-    return get
+    return TinyCheckpoints(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
