@@ -55,7 +55,8 @@ class ServerProcess:
         raise RuntimeError(f"infer serve was not healthy within {START_TIMEOUT_S} s:\n{self.log()}")
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:  # stop() closes it: an assertion after stop() still shows the log
+            self._log.flush()
         return self.log_path.read_text()[-4000:]
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
