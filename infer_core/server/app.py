@@ -43,6 +43,7 @@ def create_app(settings: EngineSettings | None = None) -> Litestar:
             await server.engine.drain(0)  # whatever still runs ends with "abort"
             await asyncio.to_thread(server.engine.shutdown)
             server.tokenizer_pool.shutdown()
+            await asyncio.to_thread(body_worker.stop)
             logger.info("engine stopped")
 
     protected = Router("/", route_handlers=[chat_completions, completions, list_models, plugins, tokenize, detokenize],

@@ -48,6 +48,15 @@ def start() -> None:
     _worker_pool().submit(_ready)
 
 
+def stop() -> None:
+    """Stop the worker (the app's lifespan ends); the next app in this process starts another."""
+    global _pool
+    with _lock:
+        pool, _pool = _pool, None
+    if pool is not None:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 def _ready() -> None:
     """Nothing: importing this module in the worker is the work."""
 
