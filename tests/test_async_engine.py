@@ -181,11 +181,11 @@ def test_a_killed_core_ends_every_stream_with_an_error(tiny_checkpoint):
                         pass
             with pytest.raises(EngineDeadError):
                 await engine.add_request("after", [4], GREEDY)
-            return engine.state, engine.is_healthy
+            return engine.state, engine.is_healthy, engine.load_failed  # it had loaded: a server goes on
         finally:
             await asyncio.to_thread(engine.shutdown)
 
-    assert asyncio.run(asyncio.wait_for(run(), 300)) == (EngineState.DEAD, False)
+    assert asyncio.run(asyncio.wait_for(run(), 300)) == (EngineState.DEAD, False, False)
 
 
 FAULTY_DECODING = textwrap.dedent('''
@@ -226,11 +226,11 @@ def test_a_failed_step_in_the_core_fails_every_stream_and_marks_the_engine_dead(
                     pass
             with pytest.raises(EngineDeadError, match="simulated device fault"):
                 await engine.add_request("b", [4], GREEDY)
-            return engine.state, engine.is_healthy
+            return engine.state, engine.is_healthy, engine.load_failed  # it had loaded: a server goes on
         finally:
             await asyncio.to_thread(engine.shutdown)
 
-    assert asyncio.run(asyncio.wait_for(run(), 300)) == (EngineState.DEAD, False)
+    assert asyncio.run(asyncio.wait_for(run(), 300)) == (EngineState.DEAD, False, False)
 
 
 def test_the_frontend_process_never_asks_cuda(served, monkeypatch):

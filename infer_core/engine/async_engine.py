@@ -77,6 +77,7 @@ class AsyncEngine:
         self.num_kv_blocks: int | None = None
         self.state = EngineState.LOADING
         self.error: str | None = None
+        self.load_failed = False  # the core died before it was ready: this engine never served
         self.snapshot = EngineSnapshot()
         self._stats = NO_CORE_STATS  # the parallel series (EP's load) and spec-decoding counters last sent
         self.loaded = threading.Event()  # set when loading ended, either way
@@ -276,6 +277,7 @@ class AsyncEngine:
     def _die(self, reason: str) -> None:
         if self.state is EngineState.DEAD:
             return
+        self.load_failed = self.state is EngineState.LOADING
         self.state = EngineState.DEAD
         self.error = reason
         error = EngineDeadError(f"the engine stopped after an error: {reason}")

@@ -42,9 +42,9 @@ class _DrainingServer(uvicorn.Server):
 
     async def _exit_if_loading_fails(self) -> None:
         engine = self.config.app.state.server.engine
-        while engine.state is EngineState.LOADING:
+        while not engine.loaded.is_set():
             await asyncio.sleep(0.2)
-        if engine.state is EngineState.DEAD:
+        if engine.load_failed:
             logger.error("the model could not be loaded, so this server could never answer: stopping "
                          "(the cause is logged above: %s)", engine.error)
             self.load_failed = True
