@@ -7,7 +7,7 @@ step, prompt_lookup_min/max as set), in the same process. The figure is output t
 of wall time over a workload (after a warm-up), the acceptance rate and mean acceptance length of
 the drafts, and whether the speculative tokens equal the plain ones (they must: greedy).
 
-    python -m benchmarks.spec_decode_ngram [--device cuda] [--new-tokens 256] [--k 4] [--out DIR]
+    python -m benchmarks.spec_decode_ngram [--device cuda] [--new-tokens 256] [--k 4] [--dtype D] [--attention A] [--out DIR]
 """
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ def workloads() -> dict[str, list[list[dict[str, str]]]]:
 def run(decoding: str, args: argparse.Namespace) -> dict[str, dict]:
     from infer_core import LLM, SamplingParams
 
-    settings = {"device": args.device, "decoding": decoding}
+    settings = {"device": args.device, "decoding": decoding, "dtype": args.dtype}
+    if args.attention:
+        settings["attention"] = args.attention
     if decoding == "ngram":
         settings.update(num_speculative_tokens=args.k, prompt_lookup_min=args.min_n, prompt_lookup_max=args.max_n)
     llm = LLM(**settings)
@@ -78,6 +80,13 @@ def run(decoding: str, args: argparse.Namespace) -> dict[str, dict]:
     return rows
 
 
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first output position where two token lists differ (None when equal)."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
@@ -85,21 +94,27 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     parser.add_argument("--min-n", type=int, default=2, help="prompt_lookup_min")
     parser.add_argument("--max-n", type=int, default=4, help="prompt_lookup_max")
+    parser.add_argument("--dtype", default="auto", help="the model's dtype (auto: the device's default)")
+    parser.add_argument("--attention", default=None, help="one attention backend for both engines (default: each "
+                        "engine's own choice)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     plain, spec = run("standard", args), run("ngram", args)
     results = []
     for name in plain:
-        identical = plain[name].pop("token_ids") == spec[name].pop("token_ids")
+        plain_ids, spec_ids = plain[name].pop("token_ids"), spec[name].pop("token_ids")
+        identical = plain_ids == spec_ids
         speedup = round(spec[name]["output_tok_s"] / plain[name]["output_tok_s"], 3)
-        spec[name].update(identical_to_plain=identical, speedup=speedup)
+        spec[name].update(identical_to_plain=identical, speedup=speedup,
+                          first_difference=[first_difference(a, b) for a, b in zip(plain_ids, spec_ids)])
         results += [plain[name], spec[name]]
         print(f"{name:9s} plain {plain[name]['output_tok_s']:8.1f} tok/s  ngram {spec[name]['output_tok_s']:8.1f} "
               f"tok/s  x{speedup:.2f}  acceptance {spec[name].get('acceptance_rate')}  mean accepted length "
-              f"{spec[name].get('mean_acceptance_length')}  identical {identical}")
+              f"{spec[name].get('mean_acceptance_length')}  identical {identical}  first difference per prompt "
+              f"{spec[name]['first_difference']}")
     settings = {"model": "default (SmolLM2-135M-Instruct)", "batch": 1, "greedy": True, "new_tokens": args.new_tokens,
                 "num_speculative_tokens": args.k, "prompt_lookup_min": args.min_n, "prompt_lookup_max": args.max_n,
-                "device": args.device, "prompts_per_workload": len(PARAGRAPHS)}
+                "device": args.device, "dtype": args.dtype, "attention": args.attention, "prompts_per_workload": len(PARAGRAPHS)}
     print(write_result("spec-decode-ngram", settings, results, args.out))
 
 
