@@ -19,17 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from infer_core.engine.core_client import CoreClient
-from infer_core.engine.core_messages import (
-    INTERNAL_ERROR,
-    AddRequest,
-    CoreFailed,
-    CoreReady,
-    CoreStarted,
-    CoreStep,
-    FinishRequests,
-    RemoteRequest,
-    decode_updates,
-)
+from infer_core.engine.core_messages import (INTERNAL_ERROR, AddRequest, CoreFailed, CoreReady, CoreStarted, CoreStep,
+                                              FinishRequests, RemoteRequest, decode_updates)
 from infer_core.engine.engine_state import EngineSnapshot, EngineState, unavailable_reason
 from infer_core.engine.input_processor import InputProcessor, completion_ids
 from infer_core.engine.output_processor import OutputProcessor
