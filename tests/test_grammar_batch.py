@@ -68,13 +68,13 @@ def _reference(matchers: list, pending: list[int] | None, alive: list[bool]) -> 
     bitmask of ones with each live matcher's row filled, and the ids past the tokenizer's in its last word
     cleared (xgrammar leaves them set where most tokens are allowed)."""
     for i, matcher in enumerate(matchers):
-        if matcher is not None and alive[i] and pending and pending[i] is not None and not matcher.is_terminated:
-            alive[i] = matcher.accept(pending[i])
+        if matcher is not None and alive[i] and pending and pending[i] is not None and not matcher.is_terminated():
+            alive[i] = matcher.accept_token(pending[i])
     live = [i for i, m in enumerate(matchers) if m is not None and alive[i]]
     bitmask = torch.full((len(live), -(-TOKENIZER // 32)), -1, dtype=torch.int32)
     for j, i in enumerate(live):
-        if not matchers[i].is_terminated:
-            matchers[i].fill_bitmask(bitmask, j)
+        if not matchers[i].is_terminated():
+            matchers[i].fill_next_token_bitmask(bitmask, j)
     bitmask[:, -1] &= (1 << TOKENIZER % 32) - 1
     return bitmask
 
@@ -87,7 +87,7 @@ def _allowed(row: torch.Tensor) -> np.ndarray:
 def _run(backend, matcher_class: type, ahead: bool, caplog) -> None:
     constraints = [backend.compile(s) if s is not None else None for s in SPECS]
     resumed_prefix = backend.tokenizer.encode('{"name": "A', add_special_tokens=False)
-    reference = [c.matcher() if c is not None else None for c in constraints]
+    reference = [c.matcher()._matcher if c is not None else None for c in constraints]  # xgrammar's own
     alive = [True] * len(SPECS)
     table = RequestTable(len(SPECS))
     params = SamplingParams()
@@ -97,7 +97,7 @@ def _run(backend, matcher_class: type, ahead: bool, caplog) -> None:
                                                                  constraints[i])]))
         state = table[f"r{i}"]
         if state.matcher is not None:
-            state.matcher = matcher_class(state.matcher._matcher, state.matcher.vocab_size)
+            state.matcher = matcher_class(state.matcher._matcher, state.matcher.vocab_size, frozenset([EOS]))
         return state
 
     states = [add(i, [1]) if i != RESUMED else None for i in range(len(SPECS))]
@@ -107,7 +107,7 @@ def _run(backend, matcher_class: type, ahead: bool, caplog) -> None:
     for step in range(STEPS):
         if step == JOIN_STEP:  # its earlier outputs are known tokens; its reference matcher takes them now
             states[RESUMED] = add(RESUMED, [1, *resumed_prefix])
-            assert all(reference[RESUMED].accept(t) for t in resumed_prefix)
+            assert all(reference[RESUMED].accept_token(t) for t in resumed_prefix)
         in_batch = [i for i in range(len(SPECS)) if i != RESUMED or step >= JOIN_STEP]
         expected = _reference([reference[i] if i in in_batch else None for i in range(len(SPECS))],
                               pending, alive)
@@ -141,7 +141,7 @@ def _run(backend, matcher_class: type, ahead: bool, caplog) -> None:
         if ahead and step + 1 < STEPS:  # (none after the last: the checks below read the matchers)
             masks.fill_ahead(last_step)
         pending = [tokens[in_batch.index(i)] if i in in_batch else None for i in range(len(SPECS))]
-    assert reference[TERMINATES].is_terminated and states[TERMINATES].matcher.is_terminated
+    assert reference[TERMINATES].is_terminated() and states[TERMINATES].matcher.is_terminated
     assert not alive[DROPPED] and states[DROPPED].matcher is None and table.num_constrained == len(SPECS) - 2
     assert any("r4: token" in r.getMessage() and "outside its grammar" in r.getMessage() for r in caplog.records)
 

@@ -53,27 +53,44 @@ def batch_matcher(threads: int) -> Any:
 
 
 class XGrammarMatcher(ConstraintMatcher):
+    """xgrammar's matcher. It ends when it accepts a stop token (xgrammar's rule without
+    ``terminate_without_stop_token``), so whether it has ended is asked of xgrammar only then and kept."""
+
     threads: int | None = None  # of the batched fill; None: ``fill_threads()``
 
-    def __init__(self, matcher: Any, vocab_size: int) -> None:
+    def __init__(self, matcher: Any, vocab_size: int, stop_token_ids: frozenset[int]) -> None:
         self._matcher = matcher
         self.vocab_size = vocab_size
+        self._stop_token_ids = stop_token_ids
+        self._terminated = False
+
+    def _accepted(self, token_id: int) -> None:
+        if token_id in self._stop_token_ids:
+            self._terminated = bool(self._matcher.is_terminated())
 
     def accept(self, token_id: int) -> bool:
-        return bool(self._matcher.accept_token(token_id))
+        accepted = bool(self._matcher.accept_token(token_id))
+        if accepted:
+            self._accepted(token_id)
+        return accepted
 
     def fill_bitmask(self, bitmask: Any, row: int) -> None:
         self._matcher.fill_next_token_bitmask(bitmask, row)
 
     @property
     def is_terminated(self) -> bool:
-        return bool(self._matcher.is_terminated())
+        return self._terminated
 
     @classmethod
     def accept_each(cls, matchers: Sequence[ConstraintMatcher], token_ids: Sequence[int]) -> list[bool]:
         import xgrammar as xgr
 
-        return xgr.BatchGrammarMatcher.batch_accept_token([m._matcher for m in matchers], list(token_ids))
+        token_ids = list(token_ids)
+        accepted = xgr.BatchGrammarMatcher.batch_accept_token([m._matcher for m in matchers], token_ids)
+        for matcher, token_id, ok in zip(matchers, token_ids, accepted):
+            if ok:
+                matcher._accepted(token_id)
+        return accepted
 
     @classmethod
     def fill_bitmasks(cls, matchers: Sequence[ConstraintMatcher], bitmask: Any, rows: Sequence[int]) -> None:
@@ -88,12 +105,13 @@ class XGrammarConstraint(Constraint):
         self.compiled = compiled
         self.stop_token_ids = stop_token_ids
         self.vocab_size = compiled.tokenizer_info.vocab_size  # the ids its masks cover
+        self._stops = frozenset(stop_token_ids)
 
     def matcher(self) -> ConstraintMatcher:
         import xgrammar as xgr
 
         return XGrammarMatcher(xgr.GrammarMatcher(self.compiled, override_stop_tokens=list(self.stop_token_ids)),
-                               self.vocab_size)
+                               self.vocab_size, self._stops)
 
     def __reduce__(self):
         info = self.compiled.tokenizer_info.serialize_json()
