@@ -47,6 +47,8 @@ class GrammarMasks:
     """Each step's (rows, bitmask) of the constrained rows, in buffers kept across steps (grown when a step has
     more constrained rows than they hold)."""
 
+    ahead = True  # False: ``fill_ahead`` does nothing, all the work is in ``build`` (benchmarks compare the two)
+
     def __init__(self, vocab_size: int, device: torch.device) -> None:
         self.device = device
         self.vocab_size = vocab_size  # the logit columns: the width of a matcher that names none
@@ -93,6 +95,8 @@ class GrammarMasks:
 
     def fill_ahead(self, step: SampledStep) -> None:
         """Start the next step's work on ``step``'s constrained rows in the worker (``step``'s sampler launched)."""
+        if not self.ahead:
+            return
         entries = [(state, state.matcher, i) for i, state in enumerate(step.states) if state.matcher is not None]
         if not entries:
             return
