@@ -3,9 +3,17 @@
 xgrammar is imported when the first constrained request arrives, not at engine start. Compiled
 grammars are cached by spec (here, bounded, and in xgrammar's own compiler): a schema compiles
 once however many requests use it. JSON is generated compact (no free whitespace between tokens),
-so a model cannot fill its budget with blanks. A constraint pickles (tensor-parallel ranks receive
+so a model cannot fill its budget with blanks. Only the tokenizer's ids (and the stop tokens) are the
+grammar's vocabulary, not an LM head's padding past them: xgrammar takes padding ids for special tokens,
+and every one of them costs time in each accept and each mask; the masks are that much narrower, and
+the padding is never allowed (interfaces/constraints.py). A constraint pickles (tensor-parallel ranks receive
 it with the request) as xgrammar's serialized grammar and tokenizer; each process rebuilds the
 tokenizer once.
+
+A step's matchers accept their tokens in one call and fill their rows of the bitmask in one call to
+xgrammar's batch matcher, which splits the rows over its own threads outside the GIL
+(``fill_threads``: half the cores this process may run on, at most 8, leaving the rest to the step loop
+and torch).
 """
 
 from __future__ import annotations
@@ -14,39 +22,96 @@ import functools
 import importlib.util
 import json
 import os
+import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 from infer_core.interfaces import Constraint, ConstraintMatcher, GrammarBackend, RuntimeContext
 from infer_core.sampling_params import StructuredOutputs
 
 CACHE_SIZE = 256  # compiled grammars kept by spec
+MAX_FILL_THREADS = 8
+
+
+@functools.cache
+def fill_threads() -> int:
+    """Threads of a batched fill: half the cores this process may run on, at least 1, at most ``MAX_FILL_THREADS``."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(MAX_FILL_THREADS, cores // 2))
+
+
+_FILL_LOCK = threading.Lock()  # one batched fill at a time: a batch matcher's pool takes one caller at a time
+
+
+@functools.lru_cache(maxsize=2)
+def batch_matcher(threads: int) -> Any:
+    """xgrammar's batch matcher with ``threads`` threads (its pool is kept for the process)."""
+    import xgrammar as xgr
+
+    return xgr.BatchGrammarMatcher(threads)
 
 
 class XGrammarMatcher(ConstraintMatcher):
-    def __init__(self, matcher: Any) -> None:
+    """xgrammar's matcher. It ends when it accepts a stop token (xgrammar's rule without
+    ``terminate_without_stop_token``), so whether it has ended is asked of xgrammar only then and kept."""
+
+    threads: int | None = None  # of the batched fill; None: ``fill_threads()``
+
+    def __init__(self, matcher: Any, vocab_size: int, stop_token_ids: frozenset[int]) -> None:
         self._matcher = matcher
+        self.vocab_size = vocab_size
+        self._stop_token_ids = stop_token_ids
+        self._terminated = False
+
+    def _accepted(self, token_id: int) -> None:
+        if token_id in self._stop_token_ids:
+            self._terminated = bool(self._matcher.is_terminated())
 
     def accept(self, token_id: int) -> bool:
-        return bool(self._matcher.accept_token(token_id))
+        accepted = bool(self._matcher.accept_token(token_id))
+        if accepted:
+            self._accepted(token_id)
+        return accepted
 
     def fill_bitmask(self, bitmask: Any, row: int) -> None:
         self._matcher.fill_next_token_bitmask(bitmask, row)
 
     @property
     def is_terminated(self) -> bool:
-        return bool(self._matcher.is_terminated())
+        return self._terminated
+
+    @classmethod
+    def accept_each(cls, matchers: Sequence[ConstraintMatcher], token_ids: Sequence[int]) -> list[bool]:
+        import xgrammar as xgr
+
+        token_ids = list(token_ids)
+        accepted = xgr.BatchGrammarMatcher.batch_accept_token([m._matcher for m in matchers], token_ids)
+        for matcher, token_id, ok in zip(matchers, token_ids, accepted):
+            if ok:
+                matcher._accepted(token_id)
+        return accepted
+
+    @classmethod
+    def fill_bitmasks(cls, matchers: Sequence[ConstraintMatcher], bitmask: Any, rows: Sequence[int]) -> None:
+        """xgrammar writes whole rows (tests/test_grammar_batch.py checks it over a buffer of garbage)."""
+        handles = [m._matcher for m in matchers]
+        with _FILL_LOCK:  # engines of one process (and a runner's worker) may fill from several threads
+            batch_matcher(cls.threads or fill_threads()).batch_fill_next_token_bitmask(handles, bitmask, list(rows))
 
 
 class XGrammarConstraint(Constraint):
     def __init__(self, compiled: Any, stop_token_ids: tuple[int, ...]) -> None:
         self.compiled = compiled
         self.stop_token_ids = stop_token_ids
+        self.vocab_size = compiled.tokenizer_info.vocab_size  # the ids its masks cover
+        self._stops = frozenset(stop_token_ids)
 
     def matcher(self) -> ConstraintMatcher:
         import xgrammar as xgr
 
-        return XGrammarMatcher(xgr.GrammarMatcher(self.compiled, override_stop_tokens=list(self.stop_token_ids)))
+        return XGrammarMatcher(xgr.GrammarMatcher(self.compiled, override_stop_tokens=list(self.stop_token_ids)),
+                               self.vocab_size, self._stops)
 
     def __reduce__(self):
         info = self.compiled.tokenizer_info.serialize_json()
@@ -67,6 +132,11 @@ def _restore(grammar: str, tokenizer_info: str, stop_token_ids: tuple[int, ...])
     return XGrammarConstraint(xgr.CompiledGrammar.deserialize_json(grammar, info), stop_token_ids)
 
 
+def grammar_vocab_size(tokenizer: Any, vocab_size: int, stop_token_ids: tuple[int, ...]) -> int:
+    """The ids a grammar covers: the tokenizer's and the stop tokens', at most the ``vocab_size`` logit columns."""
+    return min(vocab_size, max(len(tokenizer), *(t + 1 for t in stop_token_ids)))
+
+
 def choice_grammar(choices: tuple[str, ...]) -> str:
     """EBNF whose language is exactly ``choices`` (each a JSON-escaped string literal)."""
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
@@ -82,7 +152,8 @@ class XGrammarBackend(GrammarBackend):
             raise ValueError("structured outputs need xgrammar, which is not installed here: pip install xgrammar")
         import xgrammar as xgr
 
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=grammar_vocab_size(tokenizer, vocab_size,
+                                                                                           self.stop_token_ids),
                                                   stop_token_ids=list(self.stop_token_ids) or None)
         self._compiler = xgr.GrammarCompiler(info, max_threads=min(8, os.cpu_count() or 1))
         self._cache: OrderedDict[StructuredOutputs, XGrammarConstraint] = OrderedDict()

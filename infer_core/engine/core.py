@@ -11,7 +11,7 @@ A request's path through the core; each invariant is stated once, beside the mod
    a. prepares: runner/state.py (the runner's copy of a request changes only by SchedulerOutputs),
       runner/inputs.py (the flat batch, decodes first; a graph's padding writes only the pad KV block);
    b. forwards: ``forward_step`` (runner/cuda_graphs.py), one dispatch: decode graph, prefill graph or eager;
-   c. samples: runner/sampling_inputs.py, runner/constraints.py (grammar masks), layers/sampler.py, or a greedy
+   c. samples: runner/sampling_inputs.py, runner/grammar_masks.py (grammar masks), layers/sampler.py, or a greedy
       batch's argmax graph; the ids' copy to the host (runner/step_output.py) -> ``PendingOutput`` (``RunnerOutput``).
 4. ``decoding.accept`` (builtin/decoding_standard.py, or a speculative plugin's): the tokens each request keeps.
 5. ``scheduler.update``: appends them; at EOS, a stop token or max_tokens a request ends, its blocks freed.

@@ -7,9 +7,9 @@ A step (``execute_async``) runs in three stages, each one method:
    tokens the previous step sampled that the host has not seen yet are copied in on the device.
 2. forward: ``forward_step`` (cuda_graphs.py) replays that graph or calls ``forward_eager``, and
    gives the logits of the rows that sample.
-3. ``_sample``: the sampling batch (sampling_inputs.py), the constrained rows' grammar masks
-   (constraints.py) and the sampler, or a greedy decode batch's argmax graph; the ids start their
-   copy to the host (step_output.py) and stay on the device for the next step's pending tokens.
+3. ``_sample``: the sampling batch (sampling_inputs.py), the constrained rows' grammar masks (grammar_masks.py)
+   and the sampler, or a greedy decode batch's argmax graph; the ids start their copy to the host
+   (step_output.py) and stay on the device for the next step's pending tokens.
    A step that verifies draft tokens samples in verify.py instead.
 
 Start-up's dummy steps (the memory profile that sizes the KV cache, the kernel warm-up) are in
@@ -34,7 +34,6 @@ from infer_core.models.build import BuildContext
 from infer_core.platform import use_physical_cores
 from infer_core.models.weights import load_model_weights
 from infer_core.profiling import step_range
-from infer_core.runner.constraints import grammar_masks
 from infer_core.runner.cuda_graphs import (
     CudaGraphRunner,
     capture_sizes,
@@ -43,6 +42,7 @@ from infer_core.runner.cuda_graphs import (
     prefill_capture_sizes,
 )
 from infer_core.runner.draft_model import draft_model_for
+from infer_core.runner.grammar_masks import GrammarMasks
 from infer_core.runner.inputs import StepBuffers, StepInputs, build_step_inputs
 from infer_core.runner.kv_cache import allocate_kv_caches, block_bytes, kv_cache_dtype
 from infer_core.runner.prompt_logprobs import plan_prompt_logprobs, score, wanting_prompt_logprobs
@@ -93,6 +93,7 @@ class ModelRunner:
         self.last_sampled: torch.Tensor | None = None
         self.last_sample_rows: dict[str, int] = {}
         self.last_step: SampledStep | None = None  # its ids' host copy: grammar matchers' pending tokens
+        self.grammar_masks = GrammarMasks(config.model.vocab_size, device)  # buffers made on a first constrained step
 
     @property
     def num_kv_heads(self) -> int:
@@ -267,8 +268,7 @@ class ModelRunner:
                                          pending=functools.partial(self._pending_ids, states, sampled_ids,
                                                                    self.last_sampled, self.last_sample_rows))
             if self.requests.num_constrained:  # structured outputs: grammar masks, filled while the forward runs
-                batch.allowed = grammar_masks(self.requests, states, self.config.model.vocab_size, self.device,
-                                              self.last_step, self.last_sample_rows)
+                batch.allowed = self.grammar_masks.build(self.requests, states, self.last_step, self.last_sample_rows)
             greedy_ids = None
             if inputs.decode_graph is not None and len(inputs.sample_rows) == len(inputs.request_ids) \
                     and takes_argmax(batch, logits):  # the decode graph's argmax, replayed: no launch from here
@@ -285,6 +285,8 @@ class ModelRunner:
         slot = self.host_slots.take(result.token_ids.shape[0]) if self.host_slots is not None else None
         self.last_step = SampledStep(inputs.request_ids, inputs.sample_rows, states, result,
                                      logits if self.return_logits else None, slot)
+        if batch.allowed is not None:  # the next step's grammar work, started while this step's tokens are read
+            self.grammar_masks.fill_ahead(self.last_step)
         return self.last_step
 
     def _pending_ids(self, states: list[RequestState], request_ids: list[str], last_sampled: torch.Tensor | None,
