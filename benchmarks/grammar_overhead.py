@@ -128,8 +128,33 @@ def measure(args: argparse.Namespace, tokenizer_dir: str) -> list[dict]:
                "ratio_in_step": round(best["json_schema_in_step"] / best["free"], 4)}
         rows.append(row)
         print(json.dumps(row), flush=True)
+    if args.profile:
+        _profile(llm, prompts, spec, args)
     llm.shutdown()
     return rows
+
+
+def _profile(llm, prompts, spec, args) -> None:
+    """One constrained and one free run under cProfile: the host functions by own time, to ``args.profile``."""
+    import cProfile
+    import io
+    import pstats
+
+    from infer_core import SamplingParams
+
+    with open(args.profile, "w") as out:
+        for mode in ("json_schema", "free"):
+            params = [SamplingParams(temperature=1.0, seed=i, max_tokens=args.max_tokens, ignore_eos=mode == "free",
+                                     structured_outputs=spec if mode != "free" else None) for i in range(BATCH)]
+            profiler = cProfile.Profile()
+            profiler.enable()
+            seconds, tokens = _run(llm, prompts, params)
+            profiler.disable()
+            text = io.StringIO()
+            stats = pstats.Stats(profiler, stream=text)
+            stats.sort_stats("tottime").print_stats(30)
+            stats.sort_stats("cumulative").print_stats(40)
+            out.write(f"=== {mode}: {tokens / seconds:.0f} tok/s under the profiler\n{text.getvalue()}\n")
 
 
 def main() -> None:
@@ -142,6 +167,7 @@ def main() -> None:
     parser.add_argument("--tokenizer", help="a tokenizer folder to use instead of training one")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--profile", help="also profile one constrained and one free run (cProfile) into this file")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer_dir = args.tokenizer or str(train_tokenizer(Path(tmp), args.vocab_size))
