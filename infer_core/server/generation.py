@@ -8,6 +8,7 @@ every engine request it started is finished or aborted, so no KV block outlives 
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -17,6 +18,14 @@ from infer_core.outputs import RequestOutput
 from infer_core.sampling_params import SamplingParams
 from infer_core.server.errors import OpenAIError, bad_request
 from infer_core.server.state import ServerState
+
+
+_ID_BITS = random.Random()  # seeded from the OS once; ids name requests, they guard nothing
+
+
+def new_request_id(prefix: str) -> str:
+    """``<prefix>-`` and 32 random hex digits, as ``uuid4().hex`` (which asks the OS for randomness every call)."""
+    return f"{prefix}-{_ID_BITS.getrandbits(128):032x}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,6 +16,7 @@ from infer_core.server.generation import (
     Submitted,
     collect,
     completion_budget,
+    new_request_id,
     submit,
 )
 from infer_core.server.http import (
@@ -93,7 +93,7 @@ async def chat_completions(request: Request, data: ChatCompletionRequest) -> Res
     max_tokens = completion_budget(state, len(prompt.token_ids), body.requested_max_tokens(),
                                    "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
                                    prompt_param="messages")
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    request_id = new_request_id("chatcmpl")
     submitted = await submit(state, request_id, [prompt],
                              lambda p: body.sampling_params(state.defaults, max_tokens, num_logprobs, spec),
                              priority=body.priority or 0)
@@ -191,7 +191,7 @@ async def completions(request: Request, data: CompletionRequest) -> Response:
         prompts = [PromptInput(None, ids) for ids in raw]
     budgets = {id(p): completion_budget(state, len(p.token_ids), body.max_tokens, "max_tokens", prompt_param="prompt")
                for p in prompts}
-    request_id = f"cmpl-{uuid.uuid4().hex}"
+    request_id = new_request_id("cmpl")
     submitted = await submit(state, request_id, prompts,
                              lambda p: with_candidates(body.sampling_params(state.defaults, budgets[id(p)],
                                                                             body.logprobs, spec, prompt_logprobs),
