@@ -126,8 +126,9 @@ def main() -> None:
                                     "-o", str(args.py_spy), "--pid", str(pid)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         rows = []
-        for load in config.concurrency or [None]:
-            point = replace(config, base_url=server.base_url, warmup=0,
+        for index, load in enumerate(config.concurrency or [None]):
+            # prompts of their own (a seed per load point): the same prompts again would hit the prefix cache
+            point = replace(config, base_url=server.base_url, warmup=0, seed=config.seed + 1 + index,
                             concurrency=[load] if load is not None else [], wait_ready_s=0)
             threads_before = thread_cpu_seconds(pid)
             server_before, core_before, start = cpu_seconds(pid), sum(map(cpu_seconds, cores)), time.perf_counter()
