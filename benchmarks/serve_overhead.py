@@ -14,7 +14,9 @@ so one copy of it measures another tree's server (benchmarks/serve_25c.sh).
 
 Per load point: output tok/s, TTFT and ITL, and CPU seconds of the server's process, of the engine core's
 and of the load generator's own (this process: the client reads and parses every streamed event), the
-server's and the client's also per output token. ``--py-spy`` samples the server's process during the load
+server's and the client's also per output token, the server's also per event streamed (a server behind its
+core sends a stream's pending tokens as one event: fewer events per token, less CPU per token), and the
+engine core's step timeline where the server serves one (bench/core_timeline.py). ``--py-spy`` samples the server's process during the load
 points (``py-spy record --format raw``): the collapsed stacks, and the heaviest functions printed.
 """
 
@@ -48,6 +50,19 @@ def cpu_seconds(pid: int) -> float:
     """utime + stime of one process (all its threads, none of its children)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """utime + stime of a process's main thread (the server's event loop) and of its other threads together (the
+    reader of the core's pipe, the outbox, the tokenizer pool: Python names no thread for the OS)."""
+    found = {"event_loop": 0.0, "other_threads": 0.0}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        found["event_loop" if int(tid) == pid else "other_threads"] += (int(fields[11]) + int(fields[12])) / _TICKS
+    return found
 
 
 def core_pids(server_pid: int) -> list[int]:
@@ -111,9 +126,11 @@ def main() -> None:
                                     "-o", str(args.py_spy), "--pid", str(pid)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         rows = []
-        for load in config.concurrency or [None]:
-            point = replace(config, base_url=server.base_url, warmup=0,
+        for index, load in enumerate(config.concurrency or [None]):
+            # prompts of their own (a seed per load point): the same prompts again would hit the prefix cache
+            point = replace(config, base_url=server.base_url, warmup=0, seed=config.seed + 1 + index,
                             concurrency=[load] if load is not None else [], wait_ready_s=0)
+            threads_before = thread_cpu_seconds(pid)
             server_before, core_before, start = cpu_seconds(pid), sum(map(cpu_seconds, cores)), time.perf_counter()
             client_before = time.process_time()
             result = run(benchmark(point, server.check_running))
@@ -121,15 +138,23 @@ def main() -> None:
             client_cpu = time.process_time() - client_before
             server_cpu = cpu_seconds(pid) - server_before
             core_cpu = sum(map(cpu_seconds, cores)) - core_before
+            threads = {name: round(cpu - threads_before[name], 3) for name, cpu in thread_cpu_seconds(pid).items()}
             point_result = result.runs[0]
             tokens = point_result.total_output_tokens
+            # events with text each request's client read: a server behind its core merges a stream's pending
+            # outputs into one event, so CPU per token falls with fewer events per token; per event it does not
+            chunks = sum(1 + len(r.itl) for r in point_result.records if r.is_ok)
             row = dict(load=point_result.load.name, wall_s=round(wall, 3), output_tokens=tokens,
                        output_tok_s=round(point_result.output_tok_s, 1), ttft_mean_ms=round(point_result.ttft_ms.mean, 2),
                        ttft_p99_ms=round(point_result.ttft_ms.p99, 2), itl_mean_ms=round(point_result.itl_ms.mean, 3),
                        server_cpu_s=round(server_cpu, 3), core_cpu_s=round(core_cpu, 3), client_cpu_s=round(client_cpu, 3),
                        server_cpu_us_per_token=round(server_cpu / tokens * 1e6, 2) if tokens else None,
                        client_cpu_us_per_token=round(client_cpu / tokens * 1e6, 2) if tokens else None,
-                       failed=point_result.num_failed, result=point_result.as_row(config.label or "infer"))
+                       events=chunks, tokens_per_event=round(tokens / chunks, 3) if chunks else None,
+                       server_cpu_us_per_event=round(server_cpu / chunks * 1e6, 2) if chunks else None,
+                       server_cpu_s_by_thread=threads, failed=point_result.num_failed,
+                       core_timeline=getattr(point_result, "core_timeline", None),  # a tree that has one
+                       result=point_result.as_row(config.label or "infer"))
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "result"}), flush=True)
     finally:

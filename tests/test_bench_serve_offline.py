@@ -38,6 +38,14 @@ def test_one_command_gives_the_server_rows_and_the_offline_row(tmp_path):
     assert offline["total_input_tokens"] == 30 and offline["output_tok_s"] > 0
     for row in server_rows:
         assert row["fraction_of_offline"] == pytest.approx(row["output_tok_s"] / offline["output_tok_s"], rel=1e-3)
+    # the engine core's step timeline beside the offline engine's: both ran every prompt token and 7 decodes each
+    assert done.stdout.count("core steps") == 3 and "sending outputs" in done.stdout, done.stdout
+    for row in [*server_rows, offline]:
+        timeline = row["core_timeline"]
+        assert timeline["prefill"]["steps"] >= 1 and timeline["decode"]["steps"] >= 7, row
+        assert timeline["prefill"]["tokens"] + timeline["decode"]["tokens"] >= 30 + 6 * 7, row
+        assert 0 < timeline["busy_s"] <= timeline["window_s"] + 1e-3, row
+    assert server_rows[0]["core_timeline"]["decode"]["tokens_per_step"] == 1.0  # one request at a time
 
 
 def test_the_offline_row_needs_a_server_this_command_starts():

@@ -5,7 +5,8 @@ with the engine settings the server ran with, so both have the device to themsel
 prompts of the last load point and the same sampling (``max_tokens``, temperature, ``ignore_eos``;
 chat prompts through the chat template), all submitted at once. The row's ``output_tok_s`` is
 what the engine can do without HTTP; each server row gets ``fraction_of_offline``, its
-``output_tok_s`` over the offline one.
+``output_tok_s`` over the offline one. The row's ``core_timeline`` is its steps by kind, as the server's rows
+have theirs (bench/core_timeline.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from typing import Any
 
 from infer_core.bench.config import ServeBenchConfig
+from infer_core.bench.core_timeline import format_core_timeline, offline_timeline
 from infer_core.bench.prompts import Prompt
 
 OFFLINE_SYSTEM = "offline"
@@ -34,6 +36,7 @@ def run_offline(spec: dict[str, Any], engine_settings: dict[str, Any]) -> dict[s
     ``engine_settings``: those ``infer serve`` takes from ``spec["serve_flags"]`` (child.py parses them).
     """
     from infer_core import LLM, SamplingParams
+    from infer_core.bench.timeline import StepTimeline
 
     params = SamplingParams(temperature=spec["temperature"], max_tokens=spec["output_len"],
                             ignore_eos=spec["ignore_eos"])
@@ -45,9 +48,13 @@ def run_offline(spec: dict[str, Any], engine_settings: dict[str, Any]) -> dict[s
 
         for prompt in spec["warmup_prompts"]:
             complete([prompt])
+        timeline = StepTimeline()
+        timeline.attach(llm.engine.scheduler)
         started = time.perf_counter()
         outputs = complete(spec["prompts"])
-        duration = time.perf_counter() - started
+        ended = time.perf_counter()
+        timeline.detach(llm.engine.scheduler)
+        duration = ended - started
         config = llm.engine.config
     output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     input_tokens = sum(len(o.prompt_token_ids) for o in outputs)
@@ -56,7 +63,8 @@ def run_offline(spec: dict[str, Any], engine_settings: dict[str, Any]) -> dict[s
             "completed": len(outputs), "failed": 0, "duration_s": duration,
             "request_throughput": len(outputs) / duration, "output_tok_s": output_tokens / duration,
             "input_tok_s": input_tokens / duration, "total_input_tokens": input_tokens,
-            "total_output_tokens": output_tokens}
+            "total_output_tokens": output_tokens,
+            "core_timeline": offline_timeline(timeline.by_kind(ended), duration)}
 
 
 def format_offline(row: dict[str, Any], runs) -> str:
@@ -69,6 +77,8 @@ def format_offline(row: dict[str, Any], runs) -> str:
              f"{'duration':<{width}}{row['duration_s']:.3f} s",
              f"{'output throughput':<{width}}{row['output_tok_s']:.1f} tok/s",
              f"{'tokens out / in':<{width}}{row['total_output_tokens']} / {row['total_input_tokens']}"]
+    if row.get("core_timeline"):
+        lines += format_core_timeline(row["core_timeline"], width)
     for run in runs:
         lines.append(f"{'server':<{width}}{fraction_of(run.output_tok_s, row):.1%} of offline at {run.load.name}")
     return "\n".join(lines)

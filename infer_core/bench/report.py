@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from infer_core.bench.core_timeline import format_core_timeline
 from infer_core.bench.offline_row import fraction_of, format_offline
 from infer_core.bench.results import LoadPointResult
 
@@ -61,6 +62,8 @@ def _format_run(run: LoadPointResult) -> str:
         figures = (summary.mean, summary.p50, summary.p90, summary.p99)
         cells = "".join(f"{_cell(v):>{_COLUMN}}" for v in figures)
         lines.append(f"{metric.upper() + ' (ms)':<{width}}{cells}")
+    if run.core_timeline is not None:
+        lines += format_core_timeline(run.core_timeline, width)
     return "\n".join(lines)
 
 

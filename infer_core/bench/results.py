@@ -33,6 +33,7 @@ class LoadPointResult:
     itl_ms: Summary
     e2e_ms: Summary
     records: list[RequestRecord] = field(default_factory=list, repr=False)
+    core_timeline: dict[str, Any] | None = None  # the engine core's steps in this load point (bench/core_timeline.py)
 
     @property
     def request_throughput(self) -> float:
@@ -73,6 +74,8 @@ class LoadPointResult:
             summary: Summary = getattr(self, f"{metric}_ms")
             for stat in ("mean", "p50", "p90", "p99"):
                 row[f"{stat}_{metric}_ms"] = getattr(summary, stat)
+        if self.core_timeline is not None:
+            row["core_timeline"] = self.core_timeline
         return row
 
 

@@ -6,7 +6,9 @@ output tok/s and mean/p50/p90/p99 of TTFT, TPOT, ITL and E2E, as a table and as 
 only speaks the OpenAI API, infer and its peers (vLLM, SGLang) are measured by the same client.
 Its flags, and the ``ServeBenchConfig`` they make, are in ``serve_flags``. With
 ``--start-server FLAGS`` it starts ``infer serve FLAGS`` itself (``launch``) and stops it after the
-run; ``--offline-row`` then adds the offline engine on the same prompts as a row (``offline_row``):
+run; ``--offline-row`` then adds the offline engine on the same prompts as a row (``offline_row``). Against
+an infer server each load point also gets the engine core's step timeline (``core_timeline``), read from
+``/metrics`` before and after it:
 
     infer bench serve --start-server "--model M --load-format dummy" --concurrency 1 16 64 256 \
         --num-prompts 256 --offline-row --json serving.json
@@ -18,6 +20,7 @@ import argparse
 import asyncio
 import logging
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,7 @@ from infer_core.bench.config import (
     normalize_base_url,
     workload_settings,
 )
+from infer_core.bench.core_timeline import core_timeline, read_core_totals
 from infer_core.bench.launch import LaunchedServer
 from infer_core.bench.lean_stream import send_streaming_request_lean
 from infer_core.bench.load import arrival_rng, run_load
@@ -151,6 +155,8 @@ async def benchmark(config: ServeBenchConfig, check_alive=None) -> ServeBenchRes
             prompts = make_prompts(config, config.num_prompts, str(index), pool)
             payloads = [build_payload(config, model, p) for p in prompts]
             arrivals = arrival_rng(config.seed, index)
+            before = await read_core_totals(client, base, headers)
+            started = time.perf_counter()
             with tqdm(
                 total=len(prompts),
                 desc=load.name,
@@ -160,7 +166,12 @@ async def benchmark(config: ServeBenchConfig, check_alive=None) -> ServeBenchRes
                 run = await run_load(
                     send, payloads, load, arrivals, on_done=lambda _: bar.update()
                 )
-            runs.append(summarize_run(load, run, prompts))
+            window = time.perf_counter() - started
+            result = summarize_run(load, run, prompts)
+            if before is not None:
+                after = await read_core_totals(client, base, headers)
+                result.core_timeline = core_timeline(before, after, window)
+            runs.append(result)
     return ServeBenchResult(
         model=model,
         base_url=base,

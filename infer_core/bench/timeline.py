@@ -51,6 +51,17 @@ class StepTimeline:
                                                                        self.num_tokens))]
         return sorted(steps, key=lambda s: -s["ms"])[:NUM_SLOWEST]
 
+    def by_kind(self, end: float) -> dict[str, tuple[int, int, float]]:
+        """(steps, tokens, seconds) of the prefill and of the decode steps, as a server's core counts them
+        (engine/step_tally.py)."""
+        kinds = {"prefill": [0, 0, 0.0], "decode": [0, 0, 0.0]}
+        for start, stop, reqs, tokens in zip(self.starts, self.starts[1:] + [end], self.num_reqs, self.num_tokens):
+            kind = kinds["prefill" if tokens > reqs else "decode"]
+            kind[0] += 1
+            kind[1] += tokens
+            kind[2] += stop - start
+        return {name: (steps, tokens, seconds) for name, (steps, tokens, seconds) in kinds.items()}
+
     def summary(self, end: float) -> dict[str, Any]:
         """Seconds and steps per group; a step lasts until the next one starts (the last, until ``end``)."""
         groups: dict[str, dict[str, float]] = {}

@@ -122,6 +122,7 @@ class EngineCore:
         self.overlap = (settings.async_scheduling and self.executor.supports_overlap
                         and self.scheduler.supports_overlap and not self.decoding.num_speculative_tokens)
         self._in_flight: tuple[SchedulerOutput, PendingOutput] | None = None  # launched, not yet read
+        self.last_plan: SchedulerOutput | None = None  # what the last ``step`` launched (the core loop's tally reads it)
         self.counters = EngineCounters()
         self.constraints = ConstraintCompiler(spec, tokenizer, config.model.vocab_size, config.eos_token_ids)
         self._prompt_logprobs: PromptLogprobs = {}  # scored since the last take_prompt_logprobs
@@ -232,7 +233,7 @@ class EngineCore:
         # The named ranges are what `infer bench --profile` splits a step's host time into.
         with step_range("infer.schedule"):
             drafted = self._propose_drafts()
-            scheduler_output = self.scheduler.schedule()
+            scheduler_output = self.last_plan = self.scheduler.schedule()
             for request in drafted:
                 request.spec_token_ids = []  # drafts are good for one step only
         launched = (scheduler_output, self.executor.execute_async(scheduler_output))

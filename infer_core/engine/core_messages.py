@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from infer_core.engine.core import CoreRequest
+from infer_core.engine.step_tally import StepTotals
 from infer_core.interfaces import RequestStatus, RequestUpdate, SchedulerStats, TokenLogprobs
 
 SHUTDOWN = "shutdown"
@@ -59,11 +60,13 @@ class CoreCounters(NamedTuple):
     prefix_hit_tokens: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    steps: StepTotals = StepTotals()  # the core loop's step timeline (engine/step_tally.py)
 
     @classmethod
-    def of(cls, stats: SchedulerStats, prompt_tokens: int, generation_tokens: int) -> CoreCounters:
+    def of(cls, stats: SchedulerStats, prompt_tokens: int, generation_tokens: int,
+           steps: StepTotals = StepTotals()) -> CoreCounters:
         return cls(stats.num_running, stats.num_waiting, stats.kv_usage, stats.num_preemptions,
-                   stats.prefix_queried_tokens, stats.prefix_hit_tokens, prompt_tokens, generation_tokens)
+                   stats.prefix_queried_tokens, stats.prefix_hit_tokens, prompt_tokens, generation_tokens, steps)
 
 
 class CoreStep(NamedTuple):

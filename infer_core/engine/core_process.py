@@ -11,8 +11,8 @@ builds the core, says ``CoreReady``, then loops:
   structured-output spec not compiled before waits (unacknowledged) while a thread compiles it, and
   is added once that is done (engine/constraints.py), so no step waits for a compilation;
 - if requests were added or ended, answer at once (acks, and counters with the freed KV blocks);
-- run one step and send its updates with the counters: a message every step, so a silent
-  core with work is a stalled one.
+- run one step and send its updates with the counters (the step timeline's totals among them,
+  engine/step_tally.py): a message every step, so a silent core with work is a stalled one.
 
 It ends on ``SHUTDOWN``, when the server's end of the connection closes (that process died), or on
 an error, which it reports (``CoreFailed``) before exiting. Ctrl-C reaches every process of the
@@ -25,6 +25,7 @@ import logging
 import signal
 import threading
 import time
+from time import perf_counter
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
 
@@ -46,6 +47,7 @@ from infer_core.engine.core_messages import (
 from infer_core.engine.engine import load_engine_tokenizer, tokenizer_eos
 from infer_core.engine.outbox import Outbox
 from infer_core.engine.core_stats_relay import CoreStatsRelay
+from infer_core.engine.step_tally import StepTally
 from infer_core.errors import RequestError
 from infer_core.loader import assemble
 from infer_core.settings import EngineSettings
@@ -111,12 +113,15 @@ class CoreLoop:
         self.refused: list[tuple[str, str, str | None, str | None]] = []
         self.changed = False  # requests were added or ended since the last message
         self.stats = CoreStatsRelay(core.executor, core.decoding, outbox)
+        self.tally = StepTally()  # the step timeline /metrics serves (engine/step_tally.py)
         self.compiling: list[tuple[AddRequest, Future]] = []  # requests whose grammars a thread compiles
 
     def run(self) -> None:
-        core = self.core
+        core, tally = self.core, self.tally
         while True:
             busy = core.has_unfinished_requests()
+            if not busy:
+                tally.idle()
             if not self._take_commands(0 if busy else COMPILING_WAIT_S if self.compiling else IDLE_WAIT_S):
                 return
             if self.compiling:
@@ -125,8 +130,12 @@ class CoreLoop:
                 self._send([], [], [], [], [])
             core.executor.check_health()
             if core.has_unfinished_requests():
+                started = perf_counter()
                 updates = core.step()
+                stepped = perf_counter()
+                tally.stepped(core.last_plan, started, stepped)
                 self._send(*encode_updates(updates), prompt_logprobs=core.take_prompt_logprobs() or None)
+                tally.sent(stepped, perf_counter())
             self.stats.poll()
 
     def _take_commands(self, wait: float) -> bool:
@@ -195,7 +204,8 @@ class CoreLoop:
     def _send(self, ids: list, tokens: list, ended: list, first: list, logprobs: list,
               prompt_logprobs: dict | None = None) -> None:
         core = self.core
-        counters = CoreCounters.of(core.stats(), core.counters.prompt_tokens, core.counters.generation_tokens)
+        counters = CoreCounters.of(core.stats(), core.counters.prompt_tokens, core.counters.generation_tokens,
+                                   self.tally.totals())
         self.outbox.put(CoreStep(ids, tokens, ended, first, logprobs, self.admitted, self.refused, counters,
                                  prompt_logprobs))
         if self.changed:

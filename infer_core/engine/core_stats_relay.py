@@ -58,7 +58,7 @@ def engine_snapshot(c: CoreCounters, finished: dict[str, int], stats: CoreStatsC
     """What ``/metrics`` reads: a step's counters, the finished requests counted here, the last stats copy."""
     return EngineSnapshot(c.num_running, c.num_waiting, c.kv_usage, c.num_preemptions, c.prefix_queried_tokens,
                           c.prefix_hit_tokens, c.prompt_tokens, c.generation_tokens, dict(finished),
-                          stats.spec_decoding)
+                          stats.spec_decoding, c.steps)
 
 
 def with_stats(snapshot: EngineSnapshot, stats: CoreStatsCopy) -> EngineSnapshot:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from infer_core.engine.step_tally import StepTotals
 from infer_core.interfaces import SpecDecodingStats
 
 
@@ -30,6 +31,7 @@ class EngineSnapshot:
     generation_tokens: int = 0
     finished: dict[str, int] = field(default_factory=dict)
     spec_decoding: SpecDecodingStats | None = None  # None: the decoding policy drafts nothing
+    core_steps: StepTotals = StepTotals()  # the engine-core loop's step timeline (engine/step_tally.py)
 
 
 def unavailable_reason(state: EngineState, error: str | None) -> str:

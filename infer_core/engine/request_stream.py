@@ -53,17 +53,25 @@ class RequestStream:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[RequestOutput]:
-        while not self.finished:
-            if not self._items:
-                self._waiter = asyncio.get_running_loop().create_future()
-                try:
-                    await self._waiter
-                finally:
-                    self._waiter = None
-                continue
-            item = self._items.popleft()
-            if isinstance(item, BaseException):
-                self.finished = True
-                raise item
-            self.finished = item.finished
-            yield item
+        while (output := await self.next()) is not None:
+            yield output
+
+    async def next(self) -> RequestOutput | None:
+        """The next output (those not read yet merged into one), None after the finished one; raises the error
+        that ended the stream. A plain coroutine that returns at once while outputs wait: a streamed response
+        reads every output through it, where each async generator in between costs a resumption per output."""
+        if self.finished:
+            return None
+        items = self._items
+        while not items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        item = items.popleft()
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        self.finished = item.finished
+        return item

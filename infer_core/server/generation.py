@@ -8,6 +8,7 @@ every engine request it started is finished or aborted, so no KV block outlives 
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -17,6 +18,14 @@ from infer_core.outputs import RequestOutput
 from infer_core.sampling_params import SamplingParams
 from infer_core.server.errors import OpenAIError, bad_request
 from infer_core.server.state import ServerState
+
+
+_ID_BITS = random.Random()  # seeded from the OS once; ids name requests, they guard nothing
+
+
+def new_request_id(prefix: str) -> str:
+    """``<prefix>-`` and 32 random hex digits, as ``uuid4().hex`` (which asks the OS for randomness every call)."""
+    return f"{prefix}-{_ID_BITS.getrandbits(128):032x}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,20 +95,23 @@ def abort_unfinished(state: ServerState, submitted: list[Submitted]) -> None:
             state.engine.abort(item.stream.request_id)
 
 
-async def merged(state: ServerState, submitted: list[Submitted]) -> AsyncIterator[tuple[Submitted, RequestOutput]]:
-    """Outputs of every submitted request as they come; aborts the unfinished ones if left early."""
-    if len(submitted) == 1:
-        item = submitted[0]
-        try:
-            async for output in item.stream:
-                item.final = output
-                yield item, output
-        finally:
-            abort_unfinished(state, submitted)
-        return
-    queue: asyncio.Queue[tuple[Submitted, RequestOutput | BaseException | None]] = asyncio.Queue()
+class SubmittedOutputs:
+    """Outputs of every submitted request as they come: ``await next()`` gives (request, output), None once all
+    have ended; ``close()`` aborts the unfinished ones (call it however the reading ends). One request (the
+    common case) is read straight from its stream: no task, no queue, no async generator between."""
 
-    async def pump(item: Submitted) -> None:
+    def __init__(self, state: ServerState, submitted: list[Submitted]) -> None:
+        self._state = state
+        self._submitted = submitted
+        self._queue: asyncio.Queue[tuple[Submitted, RequestOutput | BaseException | None]] | None = None
+        self._tasks: list[asyncio.Future] = []
+        self._remaining = len(submitted)
+        if len(submitted) > 1:
+            self._queue = asyncio.Queue()
+            self._tasks = [asyncio.ensure_future(self._pump(item)) for item in submitted]
+
+    async def _pump(self, item: Submitted) -> None:
+        queue = self._queue
         try:
             async for output in item.stream:
                 await queue.put((item, output))
@@ -107,22 +119,39 @@ async def merged(state: ServerState, submitted: list[Submitted]) -> AsyncIterato
             await queue.put((item, e))
         await queue.put((item, None))
 
-    tasks = [asyncio.ensure_future(pump(item)) for item in submitted]
-    remaining = len(submitted)
-    try:
-        while remaining:
-            item, output = await queue.get()
+    async def next(self) -> tuple[Submitted, RequestOutput] | None:
+        if self._queue is None:
+            item = self._submitted[0]
+            output = await item.stream.next()
             if output is None:
-                remaining -= 1
+                return None
+            item.final = output
+            return item, output
+        while self._remaining:
+            item, output = await self._queue.get()
+            if output is None:
+                self._remaining -= 1
             elif isinstance(output, BaseException):
                 raise output
             else:
                 item.final = output
-                yield item, output
-    finally:
-        for task in tasks:
+                return item, output
+        return None
+
+    def close(self) -> None:
+        for task in self._tasks:
             task.cancel()
-        abort_unfinished(state, submitted)
+        abort_unfinished(self._state, self._submitted)
+
+
+async def merged(state: ServerState, submitted: list[Submitted]) -> AsyncIterator[tuple[Submitted, RequestOutput]]:
+    """``SubmittedOutputs`` as an async iterator; aborts the unfinished requests if left early."""
+    outputs = SubmittedOutputs(state, submitted)
+    try:
+        while (got := await outputs.next()) is not None:
+            yield got
+    finally:
+        outputs.close()
 
 
 async def collect(state: ServerState, submitted: list[Submitted]) -> list[Submitted]:

@@ -25,7 +25,9 @@ T = TypeVar("T")
 DECODED_BODY = "infer_decoded_body"  # the request's state key of a body decoded by ``decode_large_body``
 
 
-def require_api_key(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+# The guards are coroutines: Litestar runs a plain function guard on its thread pool, a hop to another thread and
+# back for every request.
+async def require_api_key(connection: ASGIConnection, _: BaseRouteHandler) -> None:
     """Guard: with ``api_key`` set, the request must carry ``Authorization: Bearer <key>``."""
     expected = connection.app.state.server.settings.api_key
     if not expected:
@@ -99,7 +101,7 @@ def _collector_paused(pause: bool) -> Iterator[None]:
         gc.enable()
 
 
-def require_ready(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+async def require_ready(connection: ASGIConnection, _: BaseRouteHandler) -> None:
     """503 while the engine loads, drains or is dead: before the body is read, so no body's fault comes first."""
     connection.app.state.server.require_ready()
 

@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from infer_core.engine.engine_state import EngineSnapshot
+from infer_core.engine.step_tally import StepTotals
 from infer_core.interfaces import ParallelMetric
 from infer_core.outputs import RequestOutput
 
@@ -58,6 +59,7 @@ class _SnapshotCollector(Collector):
         yield counter("num_preemptions", "Requests preempted to free KV blocks.", s.num_preemptions)
         yield counter("prompt_tokens", "Prompt tokens admitted.", s.prompt_tokens)
         yield counter("generation_tokens", "Tokens generated.", s.generation_tokens)
+        yield from _step_timeline(self.model_name, s.core_steps)
         success = CounterMetricFamily(PREFIX + "request_success", "Completions finished, by finish reason.",
                                       labels=["model_name", "finished_reason"])
         for reason in sorted(set(FINISH_REASONS) | set(s.finished)):
@@ -81,6 +83,29 @@ class _SnapshotCollector(Collector):
             for position, accepted in enumerate(spec.accepted_per_position):
                 per_position.add_metric([self.model_name, str(position)], accepted)
             yield per_position
+
+
+def _step_timeline(model_name: str, t: StepTotals) -> Iterator[CounterMetricFamily]:
+    """The engine core's step timeline (engine/step_tally.py), which ``infer bench serve`` reads around a load point."""
+    by_kind = (("engine_core_steps", "Engine-core steps, by kind (prefill: some prompt tokens).",
+                t.prefill_steps, t.decode_steps),
+               ("engine_core_step_tokens", "Tokens the engine core's steps scheduled, by kind.",
+                t.prefill_tokens, t.decode_tokens),
+               ("engine_core_step_seconds", "Seconds in the engine core's step calls, by the kind of step launched.",
+                t.prefill_seconds, t.decode_seconds))
+    for name, doc, prefill, decode in by_kind:
+        family = CounterMetricFamily(PREFIX + name, doc, labels=["model_name", "kind"])
+        family.add_metric([model_name, "prefill"], prefill)
+        family.add_metric([model_name, "decode"], decode)
+        yield family
+    for name, doc, value in (
+            ("engine_core_output_send_seconds", "Seconds the engine core spent sending its steps' outputs.",
+             t.send_seconds),
+            ("engine_core_busy_seconds", "Wall seconds the engine core's loop had work (a window's idle time is "
+                                         "its length less these).", t.busy_seconds)):
+        family = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+        family.add_metric([model_name], value)
+        yield family
 
 
 class LatencyHistogram(Collector):

@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 from litestar import Request, Response, post
-from litestar.response import Stream
 
 from infer_core.outputs import RequestOutput
 from infer_core.server.best_of import best_completions, with_candidates
-from infer_core.server.errors import OpenAIError, bad_request, envelope
+from infer_core.server.errors import OpenAIError, bad_request
 from infer_core.server.generation import (
     PromptInput,
     Submitted,
     collect,
     completion_budget,
-    merged,
+    new_request_id,
     submit,
 )
 from infer_core.server.http import (
@@ -40,16 +38,9 @@ from infer_core.server.response_schemas import (
     ChatCompletion,
     Completion,
     CompletionChoice,
-    Usage,
 )
-from infer_core.server.responses import (
-    DONE,
-    ChunkFrame,
-    chat_logprobs,
-    completion_logprobs,
-    sse,
-    usage,
-)
+from infer_core.server.responses import chat_logprobs, completion_logprobs
+from infer_core.server.sse_stream import sse_events, stream_response, submitted_usage
 from infer_core.server.schemas import ChatCompletionRequest, CompletionRequest
 from infer_core.server.state import ServerState
 from infer_core.server.tool_chat import (
@@ -66,37 +57,6 @@ _ERRORS = (400, 404, 413, 415, 503)
 
 def _state(request: Request) -> ServerState:
     return request.app.state.server
-
-
-def _usage(submitted: list[Submitted]) -> Usage:
-    prompt = sum(len(s.prompt.token_ids) for s in submitted)
-    completion = sum(len(c.token_ids) for s in submitted if s.final for c in s.final.outputs)
-    cached = sum(s.final.num_cached_tokens for s in submitted if s.final)
-    return usage(prompt, completion, cached)
-
-
-# The handlers return Responses only: with a body type in their annotation, Litestar would give every
-# response, the stream's too, that type's media type (application/json).
-def _stream_response(events: AsyncIterator[bytes]) -> Stream:
-    return Stream(events, media_type="text/event-stream",
-                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-async def _sse_events(state: ServerState, submitted: list[Submitted], chunks, include_usage: bool,
-                      base: dict[str, Any]) -> AsyncIterator[bytes]:
-    """Shared SSE loop: the chunks of each output (one event per choice), an optional usage chunk, then [DONE]."""
-    frame = ChunkFrame(base, include_usage)
-    try:
-        async for item, output in merged(state, submitted):
-            for choice in chunks(item, output):
-                yield frame.event(choice)
-        if include_usage:
-            yield sse({**base, "choices": [], "usage": _usage(submitted)})
-    except OpenAIError as e:
-        yield sse(envelope(e.status, e.message, e.param, e.code))
-    except Exception as e:  # the engine died mid-stream: say so in-band, the status is already sent
-        yield sse(envelope(503, str(e)))
-    yield DONE
 
 
 def _check_common(state: ServerState, body: ChatCompletionRequest | CompletionRequest, num_prompts: int,
@@ -133,7 +93,7 @@ async def chat_completions(request: Request, data: ChatCompletionRequest) -> Res
     max_tokens = completion_budget(state, len(prompt.token_ids), body.requested_max_tokens(),
                                    "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
                                    prompt_param="messages")
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    request_id = new_request_id("chatcmpl")
     submitted = await submit(state, request_id, [prompt],
                              lambda p: body.sampling_params(state.defaults, max_tokens, num_logprobs, spec),
                              priority=body.priority or 0)
@@ -141,7 +101,7 @@ async def chat_completions(request: Request, data: ChatCompletionRequest) -> Res
     top = num_logprobs or 0
     if body.is_stream:
         base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": state.model_name}
-        return _stream_response(_chat_events(state, submitted, body, base, top, tools))
+        return stream_response(_chat_events(state, submitted, body, base, top, tools))
     done = await unless_disconnected(request, collect(state, submitted))
     if done is DISCONNECTED:
         return Response(b"", status_code=CLIENT_CLOSED)
@@ -152,15 +112,16 @@ async def chat_completions(request: Request, data: ChatCompletionRequest) -> Res
                                   else (AssistantMessage("assistant", c.text), c.finish_reason))
         choices.append(ChatChoice(c.index, message, chat_logprobs(c, top), finish_reason))
     return Response(ChatCompletion(request_id, "chat.completion", created, state.model_name, choices,
-                                   _usage(submitted)))
+                                   submitted_usage(submitted)))
 
 
 def _chat_events(state: ServerState, submitted: list[Submitted], body: ChatCompletionRequest, base: dict[str, Any],
-                 top: int, tools: ToolPlan | None) -> AsyncIterator[str]:
+                 top: int, tools: ToolPlan | None) -> AsyncIterator[bytes]:
     started: set[int] = set()
     streams = {}  # choice index -> its ToolCallStream (tool calls are split from the content)
 
-    def chunks(_: Submitted, output: RequestOutput):
+    def chunks(_: Submitted, output: RequestOutput) -> list[dict[str, Any]]:
+        choices = []
         for c in output.outputs:
             if tools is not None and c.index not in streams:
                 streams[c.index] = tools.stream()
@@ -177,9 +138,10 @@ def _chat_events(state: ServerState, submitted: list[Submitted], body: ChatCompl
             if calls:
                 delta["tool_calls"] = calls
             logprobs = chat_logprobs(c, top, delta_only=True) if c.delta_token_ids else None
-            yield {"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+            choices.append({"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason})
+        return choices
 
-    return _sse_events(state, submitted, chunks, body.include_usage, base)
+    return sse_events(state, submitted, chunks, body.include_usage, base)
 
 
 # completions -----------------------------------------------------------------------------------
@@ -229,7 +191,7 @@ async def completions(request: Request, data: CompletionRequest) -> Response:
         prompts = [PromptInput(None, ids) for ids in raw]
     budgets = {id(p): completion_budget(state, len(p.token_ids), body.max_tokens, "max_tokens", prompt_param="prompt")
                for p in prompts}
-    request_id = f"cmpl-{uuid.uuid4().hex}"
+    request_id = new_request_id("cmpl")
     submitted = await submit(state, request_id, prompts,
                              lambda p: with_candidates(body.sampling_params(state.defaults, budgets[id(p)],
                                                                             body.logprobs, spec, prompt_logprobs),
@@ -240,7 +202,7 @@ async def completions(request: Request, data: CompletionRequest) -> Response:
     top = body.logprobs or 0
     if body.is_stream:
         base = {"id": request_id, "object": "text_completion", "created": created, "model": state.model_name}
-        return _stream_response(_completion_events(state, submitted, body, base, top))
+        return stream_response(_completion_events(state, submitted, body, base, top))
     done = await unless_disconnected(request, collect(state, submitted))
     if done is DISCONNECTED:
         return Response(b"", status_code=CLIENT_CLOSED)
@@ -257,38 +219,43 @@ async def completions(request: Request, data: CompletionRequest) -> Response:
             scored = vllm_prompt_logprobs(item.final) if body.prompt_logprobs is not None else None
             choices.append(CompletionChoice(item.index * n + c.index, prefix + c.text, logprobs, c.finish_reason,
                                             scored))
-    return Response(Completion(request_id, "text_completion", created, state.model_name, choices, _usage(submitted)))
+    return Response(Completion(request_id, "text_completion", created, state.model_name, choices, submitted_usage(submitted)))
 
 
 def _completion_events(state: ServerState, submitted: list[Submitted], body: CompletionRequest,
-                       base: dict[str, Any], top: int) -> AsyncIterator[str]:
+                       base: dict[str, Any], top: int) -> AsyncIterator[bytes]:
     first: set[int] = set()  # choices whose first chunk was sent (it carries the echo and the prompt's logprobs)
     offsets: dict[int, int] = {}
-    scores_prompt = bool(body.echo) and body.logprobs is not None
+    echo, num_choices, wants_prompt_logprobs = bool(body.echo), body.num_choices, body.prompt_logprobs is not None
+    scores_prompt = echo and body.logprobs is not None
 
-    def chunks(item: Submitted, output: RequestOutput):
+    def chunks(item: Submitted, output: RequestOutput) -> list[dict[str, Any]]:
+        choices = []
         for c in output.outputs:
-            index = item.index * body.num_choices + c.index
+            index = item.index * num_choices + c.index
             text = c.delta_text
             starts = index not in first
-            if body.echo and starts:
-                echo = _echo_text(state, item.prompt)
-                text = echo + text
-                offsets[index] = len(echo)
-            has_logprobs = bool(c.delta_token_ids) and c.logprobs is not None
-            if not (text or has_logprobs or c.finished):
+            if echo and starts:
+                prompt_text = _echo_text(state, item.prompt)
+                text = prompt_text + text
+                offsets[index] = len(prompt_text)
+            has_logprobs = c.logprobs is not None and bool(c.delta_token_ids)
+            finished = c.finish_reason is not None
+            if not (text or has_logprobs or finished):
                 continue  # tokens whose text is held back (part of a character or of a stop string)
-            first.add(index)
             logprobs = None
-            if c.delta_token_ids and c.logprobs is not None:
+            if starts:
+                first.add(index)
+            if has_logprobs:
                 logprobs = completion_logprobs(c, top, offsets.get(index, 0), delta_only=True)
                 offsets[index] = offsets.get(index, 0) + sum(len(t) for t in logprobs.tokens)
             if scores_prompt and starts:
                 logprobs = joined(echoed_logprobs(output, top, _decoder(state)), logprobs)
             choice = {"index": index, "text": text, "logprobs": logprobs,
-                      "finish_reason": c.finish_reason if c.finished else None}
-            if starts and body.prompt_logprobs is not None:
+                      "finish_reason": c.finish_reason if finished else None}
+            if starts and wants_prompt_logprobs:
                 choice["prompt_logprobs"] = vllm_prompt_logprobs(output)
-            yield choice
+            choices.append(choice)
+        return choices
 
-    return _sse_events(state, submitted, chunks, body.include_usage, base)
+    return sse_events(state, submitted, chunks, body.include_usage, base)

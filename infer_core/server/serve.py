@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 from types import FrameType
 
 import uvicorn
@@ -57,11 +58,12 @@ class _DrainingServer(uvicorn.Server):
         port = self.config.port or listeners[0].getsockname()[1]
         state = self.config.app.state.server
         state.url = f"http://{host}:{port}"
+        stack = http_stack(self.config.http_protocol_class, asyncio.get_running_loop())
         if state.engine.state is EngineState.LOADING:
-            logger.info("listening on %s while the model loads: /health answers 503 until the 'ready' line "
-                        "(Ctrl+C to quit)", state.url)
+            logger.info("listening on %s (%s) while the model loads: /health answers 503 until the 'ready' line "
+                        "(Ctrl+C to quit)", state.url, stack)
         else:
-            logger.info("listening on %s (Ctrl+C to quit)", state.url)
+            logger.info("listening on %s (%s; Ctrl+C to quit)", state.url, stack)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._draining or self._loop is None:
@@ -83,10 +85,28 @@ class _DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+_PARSERS = {"HttpToolsProtocol": "httptools", "H11Protocol": "h11"}
+
+
+def http_stack(protocol_class: type, loop: asyncio.AbstractEventLoop) -> str:
+    """Which event loop and HTTP implementation serve, as the start line names them: uvicorn's "auto" takes
+    uvloop and httptools when they are installed, else asyncio's loop and h11, which frames every streamed
+    chunk in Python (the fix is then in the text)."""
+    loop_name = "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
+    parser = _PARSERS.get(protocol_class.__name__, protocol_class.__name__)
+    text = f"{loop_name} event loop, {parser} HTTP"
+    missing = [name for name, used in (("uvloop", loop_name == "uvloop" or sys.platform == "win32"),
+                                       ("httptools", parser != "h11")) if not used]
+    if missing:
+        text += f"; `pip install {' '.join(missing)}` serves streams with less CPU a token"
+    return text
+
+
 def serve(settings: EngineSettings) -> int:
     """Run the server until stopped; the exit code."""
     app = create_app(settings)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
+    # "auto": uvloop and httptools where installed (the core's dependencies), named in the listening line
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info", loop="auto", http="auto",
                             timeout_graceful_shutdown=max(5, int(settings.shutdown_timeout)), access_log=False)
     server = _DrainingServer(config, settings)
     server.run()

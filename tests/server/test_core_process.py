@@ -36,6 +36,8 @@ def test_the_start_logs_each_phase_then_one_ready_line_with_the_url(tiny_server)
     assert len(ready) == 1, log
     assert f"at {tiny_server.base_url}" in ready[0] and "on cpu" in ready[0], ready[0]
     assert "Uvicorn running" not in log
+    # uvicorn's "auto" with the core's dependencies installed: uvloop (not on Windows) and httptools
+    assert re.search(r"listening on \S+ \((uvloop|asyncio) event loop, httptools HTTP", log), log
     before_ready = log[:log.index("ready: model")]
     for phase in ("listening on", "engine core process", "tokenizer loaded", "loading the weights", "loaded on cpu",
                   "KV cache"):

@@ -152,6 +152,12 @@ def test_metrics_after_a_few_requests(server):
     assert value("time_to_first_token_seconds_count") >= 3 and value("e2e_request_latency_seconds_count") >= 3
     assert value("inter_token_latency_seconds_count") >= 3 * 7
     assert value("time_to_first_token_seconds_sum") > 0
+    # the core loop's step timeline (engine/step_tally.py): a prompt's step (the 2nd and 3rd may find all but their
+    # last token cached: a step of one token, counted as decode), then 7 decode steps each
+    assert value("engine_core_steps_total", 'kind="prefill"') >= 1 and value("engine_core_steps_total") >= 3 * 8
+    assert value("engine_core_step_tokens_total", 'kind="decode"') >= 3 * 7
+    assert value("engine_core_busy_seconds_total") >= value("engine_core_step_seconds_total") > 0
+    assert value("engine_core_output_send_seconds_total") > 0
 
 
 def test_tokenize_detokenize_round_trip(server, offline_llm):
