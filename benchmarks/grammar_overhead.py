@@ -130,6 +130,8 @@ def measure(args: argparse.Namespace, tokenizer_dir: str) -> list[dict]:
         print(json.dumps(row), flush=True)
     if args.profile:
         _profile(llm, prompts, spec, args)
+    if args.profile_device:
+        _profile_device(llm, prompts, spec, args)
     llm.shutdown()
     return rows
 
@@ -157,6 +159,23 @@ def _profile(llm, prompts, spec, args) -> None:
             out.write(f"=== {mode}: {tokens / seconds:.0f} tok/s under the profiler\n{text.getvalue()}\n")
 
 
+def _profile_device(llm, prompts, spec, args) -> None:
+    """One constrained and one free run under torch.profiler: CUDA kernels and host ops by device time."""
+    import torch
+
+    from infer_core import SamplingParams
+
+    with open(args.profile_device, "w") as out:
+        for mode in ("json_schema", "free"):
+            params = [SamplingParams(temperature=1.0, seed=i, max_tokens=args.max_tokens, ignore_eos=mode == "free",
+                                     structured_outputs=spec if mode != "free" else None) for i in range(BATCH)]
+            activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            with torch.profiler.profile(activities=activities) as prof:
+                seconds, tokens = _run(llm, prompts, params)
+            table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70)
+            out.write(f"=== {mode}: {tokens / seconds:.0f} tok/s under the profiler\n{table}\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--prompt-len", type=int, default=128)
@@ -167,6 +186,8 @@ def main() -> None:
     parser.add_argument("--tokenizer", help="a tokenizer folder to use instead of training one")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--profile-device", help="also profile one constrained and one free run's CUDA kernels "
+                        "(torch.profiler) into this file")
     parser.add_argument("--profile", help="also profile one constrained and one free run (cProfile) into this file")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

@@ -11,9 +11,9 @@ it with the request) as xgrammar's serialized grammar and tokenizer; each proces
 tokenizer once.
 
 A step's matchers accept their tokens in one call and fill their rows of the bitmask in one call to
-xgrammar's batch matcher, which splits the rows over its own threads outside the GIL
-(``fill_threads``: half the cores this process may run on, at most 8, leaving the rest to the step loop
-and torch).
+xgrammar's batch matcher, outside the GIL, on one thread of its pool (``FILL_THREADS``: a row's fill is
+short, and handing rows to more threads cost more than it saved on a 16-core GPU host; the figures are in
+benchmarks/results/gpu-calls-2026-11-27/).
 """
 
 from __future__ import annotations
@@ -31,14 +31,7 @@ from infer_core.interfaces import Constraint, ConstraintMatcher, GrammarBackend,
 from infer_core.sampling_params import StructuredOutputs
 
 CACHE_SIZE = 256  # compiled grammars kept by spec
-MAX_FILL_THREADS = 8
-
-
-@functools.cache
-def fill_threads() -> int:
-    """Threads of a batched fill: half the cores this process may run on, at least 1, at most ``MAX_FILL_THREADS``."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(MAX_FILL_THREADS, cores // 2))
+FILL_THREADS = 1
 
 
 _FILL_LOCK = threading.Lock()  # one batched fill at a time: a batch matcher's pool takes one caller at a time
@@ -56,7 +49,7 @@ class XGrammarMatcher(ConstraintMatcher):
     """xgrammar's matcher. It ends when it accepts a stop token (xgrammar's rule without
     ``terminate_without_stop_token``), so whether it has ended is asked of xgrammar only then and kept."""
 
-    threads: int | None = None  # of the batched fill; None: ``fill_threads()``
+    threads: int | None = None  # of the batched fill; None: ``FILL_THREADS``
 
     def __init__(self, matcher: Any, vocab_size: int, stop_token_ids: frozenset[int]) -> None:
         self._matcher = matcher
@@ -97,7 +90,7 @@ class XGrammarMatcher(ConstraintMatcher):
         """xgrammar writes whole rows (tests/test_grammar_batch.py checks it over a buffer of garbage)."""
         handles = [m._matcher for m in matchers]
         with _FILL_LOCK:  # engines of one process (and a runner's worker) may fill from several threads
-            batch_matcher(cls.threads or fill_threads()).batch_fill_next_token_bitmask(handles, bitmask, list(rows))
+            batch_matcher(cls.threads or FILL_THREADS).batch_fill_next_token_bitmask(handles, bitmask, list(rows))
 
 
 class XGrammarConstraint(Constraint):
