@@ -1,0 +1,173 @@
+"""Decode attention over the paged KV cache on the CPU: one C kernel that reads each row's keys and values through
+its block table, with no gather into a dense copy.
+
+The torch path copies every decode row's blocks into a new tensor each step (``index_select``), then SDPA reads
+that copy again (and repeats the KV heads for GQA): several passes over the whole context per layer, which grow
+with it. This kernel reads each key and value once, where it lies in the cache, on torch's OpenMP threads (it
+is built against the same runtime, which the process has loaded with torch): for each row (each (row, KV head)
+in a batch too small to give every thread rows) it stores the step's new key and value, scores the row's keys for
+its query heads, takes the softmax in float32 and sums the values, streaming the row's blocks in order.
+
+The source is compiled once per machine (``cpu_build.py``); where it cannot be, :func:`load` returns None and the
+torch backend gathers the context for SDPA as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from infer_core.layers.cpu_build import CONVERSIONS, FLOAT, INT, LONG, PTR, compiled
+
+_SOURCE = CONVERSIONS + r"""
+/* e^x for x <= 0 (inputs below -87 give e^-87): x = k ln2 + r, |r| <= ln2 / 2, e^r by its degree-6 Taylor
+   polynomial (relative error under 2e-7), times 2^k from the exponent bits. Unlike libm's expf it vectorizes. */
+static inline float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    const float k = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+    const float r = (x - k * 0.693145751953125f) - k * 1.428606765330187e-06f;
+    const float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
+    union { uint32_t u; float f; } two_k;
+    two_k.u = (uint32_t)((int32_t)k + 127) << 23;
+    return p * two_k.f;
+}
+
+/* q [R, H, D] (row stride q_stride, heads contiguous); caches [blocks, bs, hk, D]; block tables [R, bt_stride];
+   out [R, H, D] contiguous; scratch [R * H, max_keys] float32. Work items are (row, group of KV heads), `groups`
+   groups per row (1: a row's whole key and value rows are read in order, hk: one head each, for small batches).
+   Where k_new is not NULL, an item first stores its heads of the row's new key and value (k_new, v_new [R, hk, D],
+   row strides kv_stride) at `slots[r]`. Keys [start, seq_len) are attended: start = seq_len - window where a
+   window is set (window 0: none). The scores of a group's query heads, their softmax, then the values. */
+#define DECODE(NAME, T, LOAD, STORE)                                                                          \
+void NAME(const T *q, long q_stride, T *kc, T *vc, const int32_t *bt, long bt_stride, const int32_t *seq_lens, \
+          const T *k_new, const T *v_new, long k_stride, long v_stride, const int64_t *slots, T *out,          \
+          float *scratch, long max_keys, int R, int H, int hk, int D, int bs, float scale, int window,         \
+          int groups) {                                                                                       \
+    const int g = H / hk, per_group = hk / groups;                                                            \
+    _Pragma("omp parallel for schedule(static)")                                                              \
+    for (int item = 0; item < R * groups; item++) {                                                           \
+        const int r = item / groups, h0 = item % groups * per_group, nh = per_group * g, w = per_group * D;  \
+        const int len = seq_lens[r];                                                                          \
+        const int start = (window > 0 && len > window) ? len - window : 0;                                    \
+        const int32_t *table = bt + r * bt_stride;                                                            \
+        const long row_elems = (long)hk * D;                                                                  \
+        float qf[nh * D], acc[nh * D], mx[nh], inv[nh], row[w];                                               \
+        float *s = scratch + ((long)r * H + (long)h0 * g) * max_keys;                                         \
+        if (k_new) {                                                                                          \
+            const long at = slots[r] * row_elems + (long)h0 * D;                                              \
+            for (int e = 0; e < w; e++) {                                                                     \
+                kc[at + e] = k_new[r * k_stride + (long)h0 * D + e];                                          \
+                vc[at + e] = v_new[r * v_stride + (long)h0 * D + e];                                          \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (int i = 0; i < nh; i++) {                                                                        \
+            const T *qp = q + r * q_stride + (long)(h0 * g + i) * D;                                         \
+            for (int d = 0; d < D; d++) qf[i * D + d] = LOAD(qp[d]) * scale;                                 \
+            for (int d = 0; d < D; d++) acc[i * D + d] = 0.0f;                                                \
+            mx[i] = -INFINITY;                                                                                \
+        }                                                                                                     \
+        for (int b = start / bs; b * bs < len; b++) {                                                         \
+            const int t0 = b * bs > start ? b * bs : start, t1 = (b + 1) * bs < len ? (b + 1) * bs : len;     \
+            const T *kp = kc + ((long)table[b] * bs + t0 - b * bs) * row_elems + (long)h0 * D;               \
+            if ((b + 1) * bs < len) {                                                                         \
+                const char *next = (const char *)(kc + (long)table[b + 1] * bs * row_elems);                  \
+                for (long line = 0; line < bs * row_elems * (long)sizeof(T); line += 64)                      \
+                    __builtin_prefetch(next + line);                                                          \
+            }                                                                                                 \
+            for (int t = t0; t < t1; t++, kp += row_elems) {                                                  \
+                for (int e = 0; e < w; e++) row[e] = LOAD(kp[e]);                                             \
+                for (int i = 0; i < nh; i++) {                                                                \
+                    const float *kr = row + i / g * D;                                                        \
+                    float dot = 0.0f;                                                                         \
+                    _Pragma("omp simd reduction(+:dot)")                                                      \
+                    for (int d = 0; d < D; d++) dot += qf[i * D + d] * kr[d];                                \
+                    s[(long)i * max_keys + t - start] = dot;                                                  \
+                    mx[i] = dot > mx[i] ? dot : mx[i];                                                        \
+                }                                                                                             \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (int i = 0; i < nh; i++) {                                                                        \
+            float *si = s + (long)i * max_keys, total = 0.0f, m = mx[i];                                      \
+            _Pragma("omp simd reduction(+:total)")                                                            \
+            for (int t = 0; t < len - start; t++) { si[t] = exp_nonpositive(si[t] - m); total += si[t]; }    \
+            inv[i] = total > 0.0f ? 1.0f / total : 0.0f;                                                      \
+        }                                                                                                     \
+        for (int b = start / bs; b * bs < len; b++) {                                                         \
+            const int t0 = b * bs > start ? b * bs : start, t1 = (b + 1) * bs < len ? (b + 1) * bs : len;     \
+            const T *vp = vc + ((long)table[b] * bs + t0 - b * bs) * row_elems + (long)h0 * D;               \
+            if ((b + 1) * bs < len) {                                                                         \
+                const char *next = (const char *)(vc + (long)table[b + 1] * bs * row_elems);                  \
+                for (long line = 0; line < bs * row_elems * (long)sizeof(T); line += 64)                      \
+                    __builtin_prefetch(next + line);                                                          \
+            }                                                                                                 \
+            for (int t = t0; t < t1; t++, vp += row_elems) {                                                  \
+                for (int e = 0; e < w; e++) row[e] = LOAD(vp[e]);                                             \
+                for (int i = 0; i < nh; i++) {                                                                \
+                    const float p = s[(long)i * max_keys + t - start], *vr = row + i / g * D;                 \
+                    _Pragma("omp simd")                                                                       \
+                    for (int d = 0; d < D; d++) acc[i * D + d] += p * vr[d];                                  \
+                }                                                                                             \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (int i = 0; i < nh; i++) {                                                                        \
+            T *op = out + ((long)r * H + h0 * g + i) * D;                                                     \
+            for (int d = 0; d < D; d++) op[d] = STORE(acc[i * D + d] * inv[i]);                               \
+        }                                                                                                     \
+    }                                                                                                         \
+}
+
+DECODE(decode_attention_f32, float, from_f32, to_f32)
+DECODE(decode_attention_bf16, uint16_t, from_bf16, to_bf16)
+"""
+
+_FUNCTIONS = {torch.float32: "decode_attention_f32", torch.bfloat16: "decode_attention_bf16"}
+_SIGNATURE = (PTR, LONG, PTR, PTR, PTR, LONG, PTR, PTR, PTR, LONG, LONG, PTR, PTR, PTR, LONG, INT, INT, INT, INT, INT,
+              FLOAT, INT, INT)
+DTYPES = tuple(_FUNCTIONS)
+
+
+def load() -> ctypes.CDLL | None:
+    """The compiled kernel (built on first use), or None where it cannot be built here."""
+    return compiled("decode_attention", _SOURCE, tuple((name, _SIGNATURE) for name in _FUNCTIONS.values()))
+
+
+def supports(q_dtype: torch.dtype, kv_cache: torch.Tensor, head_dim: int) -> bool:
+    """Whether the kernel reads this cache for queries of ``q_dtype`` (the model's dtype, no FP8 cache)."""
+    return kv_cache.device.type == "cpu" and kv_cache.dtype == q_dtype and q_dtype in _FUNCTIONS and head_dim <= 512
+
+
+def decode_attention(library: ctypes.CDLL, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                     seq_lens: torch.Tensor, max_keys: int, scale: float, window: int | None,
+                     new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Attention of each row's one query ``q`` [R, H, D] over its keys ``[0, seq_lens[r])`` (the last ``window``
+    of them where set) in the paged ``kv_cache`` [2, blocks, block_size, kv_heads, D]; ``block_tables`` int32
+    [R, >= blocks a row uses], ``seq_lens`` int32 [R], ``max_keys`` >= every seq_len. ``new_kv`` (k, v
+    [R, kv_heads, D], int64 slots [R]): the rows' new keys and values, stored at their slots before they are read
+    (None: already in the cache). Returns [R, H, D]."""
+    rows, heads, head_dim = q.shape
+    _, _, block_size, kv_heads, _ = kv_cache.shape
+    if q.stride(2) != 1 or q.stride(1) != head_dim or not kv_cache.is_contiguous():
+        raise ValueError(f"decode_attention needs q's heads contiguous (strides {q.stride()}) and a contiguous cache")
+    if block_tables.dtype != torch.int32 or seq_lens.dtype != torch.int32 or block_tables.stride(1) != 1:
+        raise ValueError("decode_attention needs int32 block tables (rows contiguous) and int32 seq_lens")
+    seq_lens = seq_lens.contiguous()
+    k_ptr = v_ptr = slots_ptr = k_stride = v_stride = 0
+    if new_kv is not None:
+        k, v, slots = new_kv
+        for name, x in (("k", k), ("v", v)):
+            if x.shape != (rows, kv_heads, head_dim) or x.stride(2) != 1 or x.stride(1) != head_dim:
+                raise ValueError(f"decode_attention needs the new {name} [{rows}, {kv_heads}, {head_dim}] with its "
+                                 f"heads contiguous, got shape {tuple(x.shape)}, strides {x.stride()}")
+        slots = slots.contiguous()
+        k_ptr, v_ptr, slots_ptr, k_stride, v_stride = k.data_ptr(), v.data_ptr(), slots.data_ptr(), k.stride(0), v.stride(0)
+    out = torch.empty(rows, heads, head_dim, dtype=q.dtype)
+    keys = max(1, min(max_keys, window) if window else max_keys)
+    scratch = torch.empty(rows * heads * keys, dtype=torch.float32)
+    # a batch too small to give every thread rows is split by KV head too
+    groups = kv_heads if rows < 2 * torch.get_num_threads() else 1
+    getattr(library, _FUNCTIONS[q.dtype])(
+        q.data_ptr(), q.stride(0), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), block_tables.data_ptr(),
+        block_tables.stride(0), seq_lens.data_ptr(), k_ptr, v_ptr, k_stride, v_stride, slots_ptr, out.data_ptr(),
+        scratch.data_ptr(), keys, rows, heads, kv_heads, head_dim, block_size, scale, window or 0, groups)
+    return out
