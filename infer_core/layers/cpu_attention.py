@@ -21,6 +21,8 @@ import torch
 from infer_core.layers.cpu_build import CONVERSIONS, FLOAT, INT, LONG, PTR, compiled
 
 _SOURCE = CONVERSIONS + r"""
+#include <string.h>
+
 /* e^x for x <= 0 (inputs below -87 give e^-87): x = k ln2 + r, |r| <= ln2 / 2, e^r by its degree-6 Taylor
    polynomial (relative error under 2e-7), times 2^k from the exponent bits. Unlike libm's expf it vectorizes. */
 static inline float exp_nonpositive(float x) {
@@ -33,108 +35,120 @@ static inline float exp_nonpositive(float x) {
     return p * two_k.f;
 }
 
-/* q [R, H, D] (row stride q_stride, heads contiguous); caches [blocks, bs, hk, D]; block tables [R, bt_stride];
-   out [R, H, D] contiguous; scratch [R * H, max_keys] float32. Work items are (row, group of KV heads), `groups`
-   groups per row (1: a row's whole key and value rows are read in order, hk: one head each, for small batches).
-   Where k_new is not NULL, an item first stores its heads of the row's new key and value (k_new, v_new [R, hk, D],
-   row strides kv_stride) at `slots[r]`. Keys [start, seq_len) are attended: start = seq_len - window where a
-   window is set (window 0: none). The scores of a group's query heads, their softmax, then the values. */
-#define DECODE(NAME, T, LOAD, STORE)                                                                          \
-void NAME(const T *q, long q_stride, T *kc, T *vc, const int32_t *bt, long bt_stride, const int32_t *seq_lens, \
-          const T *k_new, const T *v_new, long k_stride, long v_stride, const int64_t *slots, T *out,          \
-          float *scratch, long max_keys, int R, int H, int hk, int D, int bs, float scale, int window,         \
-          int groups) {                                                                                       \
-    const int g = H / hk, per_group = hk / groups;                                                            \
-    _Pragma("omp parallel for schedule(static)")                                                              \
-    for (int item = 0; item < R * groups; item++) {                                                           \
-        const int r = item / groups, h0 = item % groups * per_group, nh = per_group * g, w = per_group * D;  \
-        const int len = seq_lens[r];                                                                          \
-        const int start = (window > 0 && len > window) ? len - window : 0;                                    \
-        const int32_t *table = bt + r * bt_stride;                                                            \
-        const long row_elems = (long)hk * D;                                                                  \
-        float qf[nh * D], acc[nh * D], mx[nh], inv[nh], row[w];                                               \
-        float *s = scratch + ((long)r * H + (long)h0 * g) * max_keys;                                         \
-        if (k_new) {                                                                                          \
-            const long at = slots[r] * row_elems + (long)h0 * D;                                              \
-            for (int e = 0; e < w; e++) {                                                                     \
-                kc[at + e] = k_new[r * k_stride + (long)h0 * D + e];                                          \
-                vc[at + e] = v_new[r * v_stride + (long)h0 * D + e];                                          \
-            }                                                                                                 \
-        }                                                                                                     \
-        for (int i = 0; i < nh; i++) {                                                                        \
-            const T *qp = q + r * q_stride + (long)(h0 * g + i) * D;                                         \
-            for (int d = 0; d < D; d++) qf[i * D + d] = LOAD(qp[d]) * scale;                                 \
-            for (int d = 0; d < D; d++) acc[i * D + d] = 0.0f;                                                \
-            mx[i] = -INFINITY;                                                                                \
-        }                                                                                                     \
-        for (int b = start / bs; b * bs < len; b++) {                                                         \
-            const int t0 = b * bs > start ? b * bs : start, t1 = (b + 1) * bs < len ? (b + 1) * bs : len;     \
-            const T *kp = kc + ((long)table[b] * bs + t0 - b * bs) * row_elems + (long)h0 * D;               \
-            if ((b + 1) * bs < len) {                                                                         \
-                const char *next = (const char *)(kc + (long)table[b + 1] * bs * row_elems);                  \
-                for (long line = 0; line < bs * row_elems * (long)sizeof(T); line += 64)                      \
-                    __builtin_prefetch(next + line);                                                          \
-            }                                                                                                 \
-            for (int t = t0; t < t1; t++, kp += row_elems) {                                                  \
-                for (int e = 0; e < w; e++) row[e] = LOAD(kp[e]);                                             \
-                for (int i = 0; i < nh; i++) {                                                                \
-                    const float *kr = row + i / g * D;                                                        \
-                    float dot = 0.0f;                                                                         \
-                    _Pragma("omp simd reduction(+:dot)")                                                      \
-                    for (int d = 0; d < D; d++) dot += qf[i * D + d] * kr[d];                                \
-                    s[(long)i * max_keys + t - start] = dot;                                                  \
-                    mx[i] = dot > mx[i] ? dot : mx[i];                                                        \
-                }                                                                                             \
-            }                                                                                                 \
-        }                                                                                                     \
-        for (int i = 0; i < nh; i++) {                                                                        \
-            float *si = s + (long)i * max_keys, total = 0.0f, m = mx[i];                                      \
-            _Pragma("omp simd reduction(+:total)")                                                            \
-            for (int t = 0; t < len - start; t++) { si[t] = exp_nonpositive(si[t] - m); total += si[t]; }    \
-            inv[i] = total > 0.0f ? 1.0f / total : 0.0f;                                                      \
-        }                                                                                                     \
-        for (int b = start / bs; b * bs < len; b++) {                                                         \
-            const int t0 = b * bs > start ? b * bs : start, t1 = (b + 1) * bs < len ? (b + 1) * bs : len;     \
-            const T *vp = vc + ((long)table[b] * bs + t0 - b * bs) * row_elems + (long)h0 * D;               \
-            if ((b + 1) * bs < len) {                                                                         \
-                const char *next = (const char *)(vc + (long)table[b + 1] * bs * row_elems);                  \
-                for (long line = 0; line < bs * row_elems * (long)sizeof(T); line += 64)                      \
-                    __builtin_prefetch(next + line);                                                          \
-            }                                                                                                 \
-            for (int t = t0; t < t1; t++, vp += row_elems) {                                                  \
-                for (int e = 0; e < w; e++) row[e] = LOAD(vp[e]);                                             \
-                for (int i = 0; i < nh; i++) {                                                                \
-                    const float p = s[(long)i * max_keys + t - start], *vr = row + i / g * D;                 \
-                    _Pragma("omp simd")                                                                       \
-                    for (int d = 0; d < D; d++) acc[i * D + d] += p * vr[d];                                  \
-                }                                                                                             \
-            }                                                                                                 \
-        }                                                                                                     \
-        for (int i = 0; i < nh; i++) {                                                                        \
-            T *op = out + ((long)r * H + h0 * g + i) * D;                                                     \
-            for (int d = 0; d < D; d++) op[d] = STORE(acc[i * D + d] * inv[i]);                               \
-        }                                                                                                     \
-    }                                                                                                         \
+/* n elements of a row (float32, or bfloat16 where bf16) as float32 (a float32 cache row is read in place) */
+static inline void load_row(const void *src, float *dst, int n, int bf16) {
+    if (bf16) {
+        const uint16_t *x = (const uint16_t *)src;
+        for (int e = 0; e < n; e++) dst[e] = from_bf16(x[e]);
+    } else {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    }
 }
 
-DECODE(decode_attention_f32, float, from_f32, to_f32)
-DECODE(decode_attention_bf16, uint16_t, from_bf16, to_bf16)
+/* One work item: row r's query heads of KV heads [h0, h0 + nkv) against its keys [start, len), block by block
+   (the block table maps key t to slot table[t / bs] * bs + t % bs), into out's rows. Inlined with D a constant
+   where the caller knows it (the dot products then unroll). */
+static inline __attribute__((always_inline)) void attend(
+        const char *q, char *kc, char *vc, const int32_t *table, int start, int len, int h0, int nkv, int g, int hk,
+        const int D, int bs, float scale, float *s, long max_keys, char *out, int esize, int bf16) {
+    const int nh = nkv * g, w = nkv * D;
+    const long row_bytes = (long)hk * D * esize;
+    float qf[nh * D], acc[nh * D], inv[nh], row[w];
+    load_row(q, qf, nh * D, bf16);
+    for (int e = 0; e < nh * D; e++) { qf[e] *= scale; acc[e] = 0.0f; }
+    for (int b = start / bs; b * bs < len; b++) {
+        const int t0 = b * bs > start ? b * bs : start, t1 = (b + 1) * bs < len ? (b + 1) * bs : len;
+        const char *kp = kc + ((long)table[b] * bs + t0 - b * bs) * row_bytes + (long)h0 * D * esize;
+        if ((b + 1) * bs < len)
+            for (long line = 0; line < bs * row_bytes; line += 64) __builtin_prefetch(kc + table[b + 1] * bs * row_bytes + line);
+        for (int t = t0; t < t1; t++, kp += row_bytes) {
+            const float *keys = bf16 ? (load_row(kp, row, w, 1), row) : (const float *)kp;
+            for (int i = 0; i < nh; i++) {
+                const float *kr = keys + i / g * D, *qi = qf + i * D;
+                float dot = 0.0f;
+                _Pragma("omp simd reduction(+:dot)")
+                for (int d = 0; d < D; d++) dot += qi[d] * kr[d];
+                s[(long)i * max_keys + t - start] = dot;
+            }
+        }
+    }
+    for (int i = 0; i < nh; i++) {
+        float *si = s + (long)i * max_keys, m = -INFINITY, total = 0.0f;
+        for (int t = 0; t < len - start; t++) m = si[t] > m ? si[t] : m;
+        _Pragma("omp simd reduction(+:total)")
+        for (int t = 0; t < len - start; t++) { si[t] = exp_nonpositive(si[t] - m); total += si[t]; }
+        inv[i] = total > 0.0f ? 1.0f / total : 0.0f;
+    }
+    for (int b = start / bs; b * bs < len; b++) {
+        const int t0 = b * bs > start ? b * bs : start, t1 = (b + 1) * bs < len ? (b + 1) * bs : len;
+        const char *vp = vc + ((long)table[b] * bs + t0 - b * bs) * row_bytes + (long)h0 * D * esize;
+        if ((b + 1) * bs < len)
+            for (long line = 0; line < bs * row_bytes; line += 64) __builtin_prefetch(vc + table[b + 1] * bs * row_bytes + line);
+        for (int t = t0; t < t1; t++, vp += row_bytes) {
+            const float *values = bf16 ? (load_row(vp, row, w, 1), row) : (const float *)vp;
+            for (int i = 0; i < nh; i++) {
+                const float p = s[(long)i * max_keys + t - start], *vr = values + i / g * D;
+                float *ai = acc + i * D;
+                _Pragma("omp simd")
+                for (int d = 0; d < D; d++) ai[d] += p * vr[d];
+            }
+        }
+    }
+    for (int i = 0; i < nh; i++)
+        for (int d = 0; d < D; d++) {
+            const float x = acc[i * D + d] * inv[i];
+            if (bf16) ((uint16_t *)out)[i * D + d] = to_bf16(x); else ((float *)out)[i * D + d] = x;
+        }
+}
+
+/* q [R, H, D] (row stride q_stride elements, heads contiguous); caches [blocks, bs, hk, D]; block tables
+   [R, bt_stride]; out [R, H, D] contiguous; scratch [R * H, max_keys] float32; elements float32, or bfloat16
+   where bf16. Work items are (row, group of KV heads), `groups` groups per row (1: a row's key and value rows are
+   read whole and in order; hk: a KV head each, for batches too small to give every thread rows). Where k_new is
+   not NULL, an item first stores its heads of the row's new key and value (k_new, v_new [R, hk, D], row strides
+   k_stride, v_stride) at slots[r]. Keys [start, seq_len) are attended: start = seq_len - window where a window is
+   set (window 0: none). */
+void decode_attention(const void *q, long q_stride, void *kc, void *vc, const int32_t *bt, long bt_stride,
+                      const int32_t *seq_lens, const void *k_new, const void *v_new, long k_stride, long v_stride,
+                      const int64_t *slots, void *out, float *scratch, long max_keys, int R, int H, int hk, int D,
+                      int bs, float scale, int window, int groups, int bf16) {
+    const int g = H / hk, nkv = hk / groups, esize = bf16 ? 2 : 4;
+    _Pragma("omp parallel for schedule(static)")
+    for (int item = 0; item < R * groups; item++) {
+        const int r = item / groups, h0 = item % groups * nkv, len = seq_lens[r];
+        const int start = (window > 0 && len > window) ? len - window : 0;
+        if (k_new) {
+            const long at = (slots[r] * hk + h0) * (long)D * esize;
+            memcpy((char *)kc + at, (const char *)k_new + (r * k_stride + (long)h0 * D) * esize, (size_t)nkv * D * esize);
+            memcpy((char *)vc + at, (const char *)v_new + (r * v_stride + (long)h0 * D) * esize, (size_t)nkv * D * esize);
+        }
+        const char *qr = (const char *)q + (r * q_stride + (long)h0 * g * D) * esize;
+        char *o = (char *)out + ((long)r * H + (long)h0 * g) * D * esize;
+        float *s = scratch + ((long)r * H + (long)h0 * g) * max_keys;
+        const int32_t *table = bt + r * bt_stride;
+        if (D == 64)
+            attend(qr, kc, vc, table, start, len, h0, nkv, g, hk, 64, bs, scale, s, max_keys, o, esize, bf16);
+        else if (D == 128)
+            attend(qr, kc, vc, table, start, len, h0, nkv, g, hk, 128, bs, scale, s, max_keys, o, esize, bf16);
+        else
+            attend(qr, kc, vc, table, start, len, h0, nkv, g, hk, D, bs, scale, s, max_keys, o, esize, bf16);
+    }
+}
 """
 
-_FUNCTIONS = {torch.float32: "decode_attention_f32", torch.bfloat16: "decode_attention_bf16"}
 _SIGNATURE = (PTR, LONG, PTR, PTR, PTR, LONG, PTR, PTR, PTR, LONG, LONG, PTR, PTR, PTR, LONG, INT, INT, INT, INT, INT,
-              FLOAT, INT, INT)
-DTYPES = tuple(_FUNCTIONS)
+              FLOAT, INT, INT, INT)
+DTYPES = (torch.float32, torch.bfloat16)
 
 
 def load() -> ctypes.CDLL | None:
     """The compiled kernel (built on first use), or None where it cannot be built here."""
-    return compiled("decode_attention", _SOURCE, tuple((name, _SIGNATURE) for name in _FUNCTIONS.values()))
+    return compiled("decode_attention", _SOURCE, (("decode_attention", _SIGNATURE),))
 
 
 def supports(q_dtype: torch.dtype, kv_cache: torch.Tensor, head_dim: int) -> bool:
     """Whether the kernel reads this cache for queries of ``q_dtype`` (the model's dtype, no FP8 cache)."""
-    return kv_cache.device.type == "cpu" and kv_cache.dtype == q_dtype and q_dtype in _FUNCTIONS and head_dim <= 512
+    return kv_cache.device.type == "cpu" and kv_cache.dtype == q_dtype and q_dtype in DTYPES and head_dim <= 512
 
 
 def decode_attention(library: ctypes.CDLL, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -166,8 +180,9 @@ def decode_attention(library: ctypes.CDLL, q: torch.Tensor, kv_cache: torch.Tens
     scratch = torch.empty(rows * heads * keys, dtype=torch.float32)
     # a batch too small to give every thread rows is split by KV head too
     groups = kv_heads if rows < 2 * torch.get_num_threads() else 1
-    getattr(library, _FUNCTIONS[q.dtype])(
+    library.decode_attention(
         q.data_ptr(), q.stride(0), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), block_tables.data_ptr(),
         block_tables.stride(0), seq_lens.data_ptr(), k_ptr, v_ptr, k_stride, v_stride, slots_ptr, out.data_ptr(),
-        scratch.data_ptr(), keys, rows, heads, kv_heads, head_dim, block_size, scale, window or 0, groups)
+        scratch.data_ptr(), keys, rows, heads, kv_heads, head_dim, block_size, scale, window or 0, groups,
+        int(q.dtype == torch.bfloat16))
     return out
