@@ -60,6 +60,13 @@ def test_paged_decode_kernel_is_gather_and_sdpa(dtype, heads, kv_heads, head_dim
     assert (got.float() - expected.float()).abs().max().item() < tolerance
 
 
+def test_paged_decode_kernel_takes_head_dims_of_its_vectors_only():
+    cache = torch.empty(2, 4, 16, 2, 64)
+    assert cpu_attention.supports(torch.float32, cache, 64)
+    assert not cpu_attention.supports(torch.float32, cache, 40)  # the torch backend gathers for SDPA instead
+    assert not cpu_attention.supports(torch.bfloat16, cache, 64)  # a cache in another dtype (FP8: dequantized)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_add_rms_norm_kernel_is_the_torch_norm(dtype, with_residual):

@@ -35,45 +35,78 @@ static inline float exp_nonpositive(float x) {
     return p * two_k.f;
 }
 
-/* n elements of a row (float32, or bfloat16 where bf16) as float32 (a float32 cache row is read in place) */
-static inline void load_row(const void *src, float *dst, int n, int bf16) {
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4)));  /* v16 at any float's address */
+typedef int32_t i16 __attribute__((vector_size(64)));
+typedef uint16_t u16 __attribute__((vector_size(32)));
+
+/* a + b's lanes pairwise: lanes 0-7 the pair sums of a, lanes 8-15 those of b */
+static inline v16 fold(v16 a, v16 b) {
+    const i16 even = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+    const i16 odd = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+    return __builtin_shuffle(a, b, even) + __builtin_shuffle(a, b, odd);
+}
+
+/* lane j: the sum of v[j]'s 16 lanes (four rounds of pairwise folds) */
+static inline v16 sums16(const v16 *v) {
+    v16 a[8], b[4], c[2];
+    for (int k = 0; k < 8; k++) a[k] = fold(v[2 * k], v[2 * k + 1]);
+    for (int k = 0; k < 4; k++) b[k] = fold(a[2 * k], a[2 * k + 1]);
+    for (int k = 0; k < 2; k++) c[k] = fold(b[2 * k], b[2 * k + 1]);
+    return fold(c[0], c[1]);
+}
+
+/* 16 elements at p (float32, or bfloat16 where bf16, widened) */
+static inline v16 load16(const char *p, int bf16) {
     if (bf16) {
-        const uint16_t *x = (const uint16_t *)src;
-        for (int e = 0; e < n; e++) dst[e] = from_bf16(x[e]);
-    } else {
-        memcpy(dst, src, (size_t)n * sizeof(float));
+        u16 narrow;
+        memcpy(&narrow, p, sizeof(narrow));
+        return (v16)(__builtin_convertvector(narrow, i16) << 16);
     }
+    v16 wide;
+    memcpy(&wide, p, sizeof(wide));
+    return wide;
 }
 
 /* One work item: row r's query heads of KV heads [h0, h0 + nkv) against its keys [start, len), block by block
-   (the block table maps key t to slot table[t / bs] * bs + t % bs), into out's rows. Inlined with D a constant
-   where the caller knows it (the dot products then unroll). */
+   (key t is at slot table[t / bs] * bs + t % bs), into out's rows, for head_dim D a multiple of 16. Scores of
+   16 keys at a time: each key's 16-lane partial products, then their lane sums together (sums16), no reduction
+   per key. Inlined with D a constant where the caller knows it. */
 static inline __attribute__((always_inline)) void attend(
         const char *q, char *kc, char *vc, const int32_t *table, int start, int len, int h0, int nkv, int g, int hk,
         const int D, int bs, float scale, float *s, long max_keys, char *out, int esize, int bf16) {
-    const int nh = nkv * g, w = nkv * D;
+    const int nh = nkv * g, c16 = D / 16;
     const long row_bytes = (long)hk * D * esize;
-    float qf[nh * D], acc[nh * D], inv[nh], row[w];
-    load_row(q, qf, nh * D, bf16);
-    for (int e = 0; e < nh * D; e++) { qf[e] *= scale; acc[e] = 0.0f; }
+    v16 qv[nh * c16], acc[nh * c16], kv[c16];
+    float inv[nh];
+    for (int e = 0; e < nh * c16; e++) { qv[e] = load16(q + (long)e * 16 * esize, bf16) * scale; acc[e] = (v16){0}; }
     for (int b = start / bs; b * bs < len; b++) {
         const int t0 = b * bs > start ? b * bs : start, t1 = (b + 1) * bs < len ? (b + 1) * bs : len;
         const char *kp = kc + ((long)table[b] * bs + t0 - b * bs) * row_bytes + (long)h0 * D * esize;
         if ((b + 1) * bs < len)
             for (long line = 0; line < bs * row_bytes; line += 64) __builtin_prefetch(kc + table[b + 1] * bs * row_bytes + line);
-        for (int t = t0; t < t1; t++, kp += row_bytes) {
-            const float *keys = bf16 ? (load_row(kp, row, w, 1), row) : (const float *)kp;
+        for (int c0 = t0; c0 < t1; c0 += 16, kp += 16 * row_bytes) {
+            const int n = t1 - c0 < 16 ? t1 - c0 : 16;
+            v16 partial[nh][16];
+            for (int j = 0; j < 16; j++)
+                for (int hh = 0; hh < nkv; hh++) {
+                    for (int c = 0; c < c16; c++)
+                        kv[c] = j < n ? load16(kp + j * row_bytes + ((long)hh * D + c * 16) * esize, bf16) : (v16){0};
+                    for (int i = hh * g; i < (hh + 1) * g; i++) {
+                        v16 sum = qv[i * c16] * kv[0];
+                        for (int c = 1; c < c16; c++) sum += qv[i * c16 + c] * kv[c];
+                        partial[i][j] = sum;
+                    }
+                }
             for (int i = 0; i < nh; i++) {
-                const float *kr = keys + i / g * D, *qi = qf + i * D;
-                float dot = 0.0f;
-                _Pragma("omp simd reduction(+:dot)")
-                for (int d = 0; d < D; d++) dot += qi[d] * kr[d];
-                s[(long)i * max_keys + t - start] = dot;
+                const v16 sums = sums16(partial[i]);
+                memcpy(s + (long)i * max_keys + c0 - start, &sums, (size_t)n * sizeof(float));
             }
         }
     }
     for (int i = 0; i < nh; i++) {
         float *si = s + (long)i * max_keys, m = -INFINITY, total = 0.0f;
+        _Pragma("omp simd reduction(max:m)")
         for (int t = 0; t < len - start; t++) m = si[t] > m ? si[t] : m;
         _Pragma("omp simd reduction(+:total)")
         for (int t = 0; t < len - start; t++) { si[t] = exp_nonpositive(si[t] - m); total += si[t]; }
@@ -84,19 +117,18 @@ static inline __attribute__((always_inline)) void attend(
         const char *vp = vc + ((long)table[b] * bs + t0 - b * bs) * row_bytes + (long)h0 * D * esize;
         if ((b + 1) * bs < len)
             for (long line = 0; line < bs * row_bytes; line += 64) __builtin_prefetch(vc + table[b + 1] * bs * row_bytes + line);
-        for (int t = t0; t < t1; t++, vp += row_bytes) {
-            const float *values = bf16 ? (load_row(vp, row, w, 1), row) : (const float *)vp;
-            for (int i = 0; i < nh; i++) {
-                const float p = s[(long)i * max_keys + t - start], *vr = values + i / g * D;
-                float *ai = acc + i * D;
-                _Pragma("omp simd")
-                for (int d = 0; d < D; d++) ai[d] += p * vr[d];
+        for (int t = t0; t < t1; t++, vp += row_bytes)
+            for (int hh = 0; hh < nkv; hh++) {
+                for (int c = 0; c < c16; c++) kv[c] = load16(vp + ((long)hh * D + c * 16) * esize, bf16);
+                for (int i = hh * g; i < (hh + 1) * g; i++) {
+                    const float p = s[(long)i * max_keys + t - start];
+                    for (int c = 0; c < c16; c++) acc[i * c16 + c] += p * kv[c];
+                }
             }
-        }
     }
     for (int i = 0; i < nh; i++)
         for (int d = 0; d < D; d++) {
-            const float x = acc[i * D + d] * inv[i];
+            const float x = acc[i * c16 + d / 16][d % 16] * inv[i];
             if (bf16) ((uint16_t *)out)[i * D + d] = to_bf16(x); else ((float *)out)[i * D + d] = x;
         }
 }
@@ -147,8 +179,10 @@ def load() -> ctypes.CDLL | None:
 
 
 def supports(q_dtype: torch.dtype, kv_cache: torch.Tensor, head_dim: int) -> bool:
-    """Whether the kernel reads this cache for queries of ``q_dtype`` (the model's dtype, no FP8 cache)."""
-    return kv_cache.device.type == "cpu" and kv_cache.dtype == q_dtype and q_dtype in DTYPES and head_dim <= 512
+    """Whether the kernel reads this cache for queries of ``q_dtype`` (the model's dtype, no FP8 cache): head_dim a
+    multiple of 16 (the kernel's vectors) up to 512."""
+    return (kv_cache.device.type == "cpu" and kv_cache.dtype == q_dtype and q_dtype in DTYPES
+            and head_dim % 16 == 0 and head_dim <= 512)
 
 
 def decode_attention(library: ctypes.CDLL, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
