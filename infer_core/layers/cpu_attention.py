@@ -42,9 +42,14 @@ typedef uint16_t u16 __attribute__((vector_size(32)));
 
 /* a + b's lanes pairwise: lanes 0-7 the pair sums of a, lanes 8-15 those of b */
 static inline v16 fold(v16 a, v16 b) {
+#if defined(__clang__)
+    return __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+         + __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+#else
     const i16 even = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
     const i16 odd = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
     return __builtin_shuffle(a, b, even) + __builtin_shuffle(a, b, odd);
+#endif
 }
 
 /* lane j: the sum of v[j]'s 16 lanes (four rounds of pairwise folds) */
