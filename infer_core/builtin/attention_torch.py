@@ -3,6 +3,9 @@
 The reference implementation, and the CPU's: correct on CPU and CUDA for any dtype, head_dim and
 block size, with GQA, sliding windows and a prefix already in the cache. Decode-only requests are
 batched into one call (padded to the longest context and masked); prefills run one call per request.
+On the CPU, where its C kernel builds (``layers/cpu_attention.py``, chosen when the backend is built), the
+decode rows read the paged cache in place instead of the gather + SDPA, for a float32 or bfloat16 cache and a
+head_dim multiple of 16; in a decode-only step that call stores the step's K/V too.
 
 What does not depend on the layer is derived once per step (``build_metadata``) and shared by every
 layer: the decode rows' block ids (one ``index_select`` per layer copies whole blocks, K and V
