@@ -103,3 +103,17 @@ def test_rotary_kernel_rotates_in_place_as_the_torch_rotary(dtype, partial):
     tolerance = 1e-6 if dtype == torch.float32 else 0.0  # bfloat16: every rounding as torch's ops round
     for got, expected in ((got_q, expected_q), (got_k, expected_k)):
         assert (got.float() - expected.float()).abs().max().item() <= tolerance
+
+
+def test_without_a_working_compiler_the_layers_keep_their_torch_code(monkeypatch, caplog, tmp_path):
+    """No compiler found, or a build that fails: ``compiled`` says why and returns None (the callers' torch path)."""
+    from infer_core.layers import cpu_build
+
+    build = cpu_build.compiled.__wrapped__  # past the per-process cache
+    monkeypatch.setattr(cpu_build, "_compiler", lambda: None)
+    assert build("none_here", "void f(void) {}", (("f", ()),)) is None
+    monkeypatch.setattr(cpu_build, "_compiler", lambda: "/nonexistent/cc")
+    monkeypatch.setattr(cpu_build, "cache_root", lambda: tmp_path)
+    with caplog.at_level("WARNING", logger="infer_core.layers.cpu_build"):
+        assert build("broken", "void f(void) {}", (("f", ()),)) is None
+    assert "the torch code runs instead" in caplog.text
