@@ -3,6 +3,9 @@
 The reference implementation, and the CPU's: correct on CPU and CUDA for any dtype, head_dim and
 block size, with GQA, sliding windows and a prefix already in the cache. Decode-only requests are
 batched into one call (padded to the longest context and masked); prefills run one call per request.
+On the CPU, where its C kernel builds (``layers/cpu_attention.py``, chosen when the backend is built), the
+decode rows read the paged cache in place instead of the gather + SDPA, for a float32 or bfloat16 cache and a
+head_dim multiple of 16; in a decode-only step that call stores the step's K/V too.
 
 What does not depend on the layer is derived once per step (``build_metadata``) and shared by every
 layer: the decode rows' block ids (one ``index_select`` per layer copies whole blocks, K and V
@@ -30,6 +33,7 @@ from infer_core.interfaces import (
     AttentionLayer,
     BatchMetadata,
 )
+from infer_core.layers import cpu_attention
 from infer_core.layers.kv_write import FP8_KV_DTYPE, dequantize_kv, write_kv
 
 CAPABILITIES = AttentionCapabilities(kv_cache_dtypes=("auto", "fp8"))
@@ -87,6 +91,11 @@ def _score_scale(layer: AttentionLayer, kv_cache: torch.Tensor) -> float:
 
 
 class TorchAttentionBackend(AttentionBackend):
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        # On the CPU, decode rows read the paged cache in place (layers/cpu_attention.py) where its kernel builds
+        self.cpu_kernel = cpu_attention.load() if ctx.device == "cpu" and ctx.dtype in ("float32", "bfloat16") else None
+
     @classmethod
     def capabilities(cls, ctx) -> AttentionCapabilities:
         return CAPABILITIES
@@ -110,9 +119,12 @@ class TorchAttentionBackend(AttentionBackend):
         if isinstance(metadata, BatchMetadata):  # called without build_metadata (a test, a plugin's reference)
             metadata = self.build_metadata(metadata)
         n = metadata.num_tokens  # rows past it are padding (never written)
+        num_decodes, num_reqs = metadata.num_decodes, metadata.common.num_reqs
+        if (not kv_written and num_decodes == num_reqs == n == q.shape[0]
+                and self._reads_in_place(q, kv_cache, layer)):  # decode only: the kernel stores k and v too
+            return self._paged_decode(layer, q, kv_cache, metadata, (k, v, metadata.slots))
         if not kv_written:
             write_kv(kv_cache, k[:n], v[:n], metadata.slots, layer.k_scale, layer.v_scale)
-        num_decodes, num_reqs = metadata.num_decodes, metadata.common.num_reqs
         if num_decodes == num_reqs and num_decodes == q.shape[0]:  # decode only, unpadded: no copy into `out`
             return self._decode(layer, q, kv_cache, metadata)
         out = torch.zeros_like(q)
@@ -123,6 +135,16 @@ class TorchAttentionBackend(AttentionBackend):
             start, end = starts[i], starts[i + 1]
             out[start:end] = self._prefill(layer, q[start:end], kv_cache, block_tables[i], metadata.seq_lens[i])
         return out
+
+    def _reads_in_place(self, q: torch.Tensor, kv_cache: torch.Tensor, layer: AttentionLayer) -> bool:
+        return self.cpu_kernel is not None and cpu_attention.supports(q.dtype, kv_cache, layer.head_dim)
+
+    def _paged_decode(self, layer, q, kv_cache, md: TorchAttentionMetadata, new_kv):
+        """The decode rows by the CPU kernel, reading the paged cache in place (storing ``new_kv`` first)."""
+        rows = md.num_decodes
+        return cpu_attention.decode_attention(self.cpu_kernel, q, kv_cache, md.common.block_tables[:rows],
+                                              md.common.seq_lens[:rows], md.decode_keys,
+                                              _score_scale(layer, kv_cache), layer.sliding_window, new_kv)
 
     @staticmethod
     def _gather(kv_cache: torch.Tensor, blocks: torch.Tensor, layer: AttentionLayer, dtype: torch.dtype):
@@ -142,6 +164,8 @@ class TorchAttentionBackend(AttentionBackend):
 
     def _decode(self, layer, q, kv_cache, md: TorchAttentionMetadata):
         num_decodes = md.num_decodes
+        if self._reads_in_place(q, kv_cache, layer):
+            return self._paged_decode(layer, q, kv_cache, md, None)
         k, v = self._gather(kv_cache, md.decode_blocks, layer, q.dtype)
         k, v = k.view(num_decodes, md.decode_keys, *k.shape[1:]), v.view(num_decodes, md.decode_keys, *v.shape[1:])
         # q [R, 1, H, D] -> [R, H, 1, D]; k/v [R, S, Hk, D] -> [R, Hk, S, D]

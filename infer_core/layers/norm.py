@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from infer_core.layers import fused
+from infer_core.layers import cpu_elementwise, fused
 
 
 class RMSNorm(nn.Module):
@@ -16,7 +16,8 @@ class RMSNorm(nn.Module):
 
     With ``residual`` given, returns ``(norm(x + residual), x + residual)``: the sum is the next
     residual, so the decoder layer never materialises it twice. Runs our Triton kernel where it was
-    built for it (``fused.runs_triton``), else the torch code below.
+    built for it (``fused.runs_triton``), on the CPU the fused C kernel (``cpu_elementwise.py``) where it builds,
+    else the torch code below.
     """
 
     def __init__(self, hidden_size: int, eps: float, *, dtype: torch.dtype) -> None:
@@ -24,6 +25,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
         self.triton = fused.runs_triton(fused.RMS_NORM, self.weight.device)
+        on_cpu = not self.triton and self.weight.device.type == "cpu" and dtype in cpu_elementwise.DTYPES
+        self.cpu_kernels = cpu_elementwise.load() if on_cpu else None
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
@@ -38,10 +41,17 @@ class RMSNorm(nn.Module):
             from infer_core.layers.fused.rms_norm import rms_norm
 
             return rms_norm(x, self.weight, self.eps, residual)
+        return self.forward_host(x, residual)
+
+    def forward_host(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """Off our Triton kernels: the CPU's fused kernel where it takes the rows, else the torch code."""
+        if (self.cpu_kernels is not None and x.dim() == 2 and cpu_elementwise.takes(x)
+                and (residual is None or (residual.dtype == x.dtype and cpu_elementwise.takes(residual)))):
+            return cpu_elementwise.add_rms_norm(self.cpu_kernels, x, residual, self.weight, self.eps)
         return self.forward_torch(x, residual)
 
     def forward_torch(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """The reference: what the CPU runs, and what the kernel must reproduce."""
+        """The reference: what the kernels must reproduce."""
         if residual is None:
             return self._norm(x)
         x = x + residual
@@ -83,7 +93,7 @@ class ResidualRMSNorm(RMSNorm):
     goes to the sublayer's input projection, built with this norm as its ``input_norm`` (``layers/linear.py``).
     Where the norm was built for our kernels that output is a :class:`NormedInput`, computed by the
     projection, at decode sizes in the same launch as its GEMV; the residual returned is then the tensor that
-    computation fills. Elsewhere (the CPU) both are computed here, as ``RMSNorm`` does.
+    computation fills. Elsewhere (the CPU) both are computed here, as ``RMSNorm`` does off Triton.
     """
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
@@ -93,5 +103,5 @@ class ResidualRMSNorm(RMSNorm):
             residual_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
             return NormedInput(x, residual, residual_out, self), residual_out
         if residual is None:
-            return self.forward_torch(x), x
-        return self.forward_torch(x, residual)
+            return self.forward_host(x), x
+        return self.forward_host(x, residual)

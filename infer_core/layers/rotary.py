@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from infer_core.layers import fused
+from infer_core.layers import cpu_elementwise, fused
 
 
 class RopeParameters(Protocol):
@@ -102,6 +102,7 @@ class RotaryEmbedding(nn.Module):
         cache = torch.cat([freqs.cos() * scale, freqs.sin() * scale], dim=-1)
         self.register_buffer("cos_sin_cache", cache, persistent=False)  # [max_position, rot_dim]
         self.triton = fused.runs_triton(fused.ROTARY, cache.device)
+        self.cpu_kernels = cpu_elementwise.load() if not self.triton and cache.device.type == "cpu" else None
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         rot, rest = x[..., : self.rot_dim], x[..., self.rot_dim :]
@@ -112,17 +113,25 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q [T, Hq, D], k [T, Hk, D] rotated by the position of each of the T tokens.
 
-        Built for our kernels, q and k are rotated in place (one Triton launch; views into the qkv
-        buffer are written where they lie) and returned; elsewhere new tensors are returned.
+        Built for our kernels, q and k are rotated in place (one Triton launch, or on the CPU one call of
+        ``cpu_elementwise.py`` for int32 positions; views into the qkv buffer are written where they lie) and
+        returned; elsewhere new tensors are returned.
         """
         if self.triton and q.dim() == 3 and k.dim() == 3 and q.dtype == k.dtype:
             from infer_core.layers.fused.rotary import rotary_inplace
 
             return rotary_inplace(positions, q, k, self.cos_sin_cache, self.rot_dim)
+        if self.cpu_kernels is not None and self._cpu_takes(positions, q, k):
+            return cpu_elementwise.rotary_inplace(self.cpu_kernels, positions, q, k, self.cos_sin_cache, self.rot_dim)
         return self.forward_torch(positions, q, k)
 
+    def _cpu_takes(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> bool:
+        return (q.dim() == 3 and k.dim() == 3 and q.dtype == k.dtype and positions.dtype == torch.int32
+                and positions.is_contiguous() and cpu_elementwise.takes(q) and cpu_elementwise.takes(k)
+                and q.stride(1) == self.head_dim and k.stride(1) == self.head_dim)
+
     def forward_torch(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """The reference (new tensors): what the CPU runs, and what the kernel must reproduce.
+        """The reference (new tensors): what the kernels must reproduce.
 
         q and k of one dtype are rotated as one tensor (``[T, Hq + Hk, D]``, the same arithmetic per element):
         half the ops, which on the CPU cost more in dispatch than in arithmetic at decode sizes.

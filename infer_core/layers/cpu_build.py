@@ -1,0 +1,110 @@
+"""The CPU's C kernels: each source compiled once per machine by the system's C compiler, loaded with ctypes.
+
+A kernel library is built by ``cc`` (or ``$CC``) for this CPU's vector units (``-march=native``) with OpenMP, into
+the user's cache directory (``$XDG_CACHE_HOME/infer/kernels``, else ``~/.cache/infer/kernels``), named by a hash
+of the source, the flags, the compiler and the CPU's features, so a shared cache never hands one machine another's
+build; later starts load it without compiling. Its ``#pragma omp`` loops run on torch's OpenMP threads: the
+library links ``libgomp.so.1``, which the process has already loaded with torch, so there is one thread pool and
+``torch.set_num_threads`` sizes it. Where no compiler is found or the build fails, :func:`compiled` returns None
+(logged once, with the reason) and the layers keep their torch code.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno")
+
+# ctypes argument kinds of the kernels' signatures
+PTR, LONG, INT, FLOAT = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
+
+# bfloat16 <-> float32 and the identity for float32, for kernels written once over a LOAD/STORE pair
+CONVERSIONS = r"""
+#include <math.h>
+#include <stdint.h>
+
+static inline float from_bf16(uint16_t x) {
+    union { uint32_t u; float f; } v;
+    v.u = (uint32_t)x << 16;
+    return v.f;
+}
+
+static inline uint16_t to_bf16(float f) {  /* round to nearest even, as torch does; NaN stays NaN */
+    union { uint32_t u; float f; } v;
+    v.f = f;
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u);
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+static inline float from_f32(float x) { return x; }
+static inline float to_f32(float x) { return x; }
+"""
+
+
+def _cpu_features() -> str:
+    """This CPU's feature flags: what ``-march=native`` compiles for."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "infer" / "kernels"
+
+
+def _build(compiler: str, source: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        c_file, built = Path(scratch) / f"{target.stem}.c", Path(scratch) / target.name
+        c_file.write_text(source)
+        result = subprocess.run([compiler, *FLAGS, str(c_file), "-o", str(built), "-lm"], capture_output=True,
+                                text=True, timeout=120)
+        if result.returncode != 0:
+            raise RuntimeError(f"{compiler} exited with {result.returncode}: {result.stderr.strip()[-2000:]}")
+        os.replace(built, target)  # atomic: another process never loads a half-written library
+
+
+@functools.cache
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+@functools.cache
+def compiled(name: str, source: str, signatures: tuple[tuple[str, tuple], ...]) -> ctypes.CDLL | None:
+    """The library ``name`` built from ``source`` (compiled on first use), its functions typed by ``signatures``
+    ((function, argtypes) pairs, each returning void); None where it cannot be built here."""
+    compiler = _compiler()
+    if compiler is None:
+        logger.info("CPU kernels (%s): no C compiler (cc, gcc or $CC) found; the torch code runs instead (install "
+                    "gcc for the faster CPU path)", name)
+        return None
+    key = hashlib.sha256("\n".join((source, " ".join(FLAGS), compiler, _cpu_features())).encode()).hexdigest()
+    target = cache_root() / f"{name}-{key[:16]}.so"
+    try:
+        if not target.is_file():
+            _build(compiler, source, target)
+        library = ctypes.CDLL(str(target))
+        for function, argtypes in signatures:
+            getattr(library, function).argtypes = list(argtypes)
+            getattr(library, function).restype = None
+    except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as e:
+        logger.warning("CPU kernels (%s): building or loading them failed (%s); the torch code runs instead",
+                       name, e)
+        return None
+    return library
