@@ -112,10 +112,10 @@ def measure(args: argparse.Namespace, tokenizer_dir: str) -> list[dict]:
             params = [SamplingParams(temperature=temperature, seed=i, max_tokens=args.max_tokens,
                                      ignore_eos=mode == "free", structured_outputs=spec if mode != "free" else None)
                       for i in range(BATCH)]
-            GrammarMasks.ahead = mode != "json_schema_in_step"
+            default, GrammarMasks.ahead = GrammarMasks.ahead, mode != "json_schema_in_step"
             _run(llm, prompts, params)  # warm-up
             runs = [_run(llm, prompts, params) for _ in range(args.repeats)]
-            GrammarMasks.ahead = True
+            GrammarMasks.ahead = default
             assert all(tokens == BATCH * args.max_tokens for _, tokens in runs), runs
             best[mode] = max(tokens / seconds for seconds, tokens in runs)
             print(f"temperature {temperature}, {mode}: {best[mode]:.0f} tok/s "

@@ -102,6 +102,7 @@ def _run(backend, matcher_class: type, ahead: bool, caplog) -> None:
 
     states = [add(i, [1]) if i != RESUMED else None for i in range(len(SPECS))]
     masks = GrammarMasks(VOCAB, torch.device("cpu"))
+    masks.ahead = ahead  # the worker runs only where asked (off by default)
     rng = np.random.default_rng(0)
     last_step, pending = None, None
     for step in range(STEPS):

@@ -7,7 +7,9 @@ device; a host buffer is written again only once the copy out of it is done. Its
 the matchers' ``vocab_size`` (one grammar backend, one tokenizer: the same for all), or of the logits; the
 bits past that size in the last word are cleared (xgrammar sets them where most tokens are allowed).
 
-Ahead: once a step's sampler is launched, ``fill_ahead`` hands the step's constrained rows to a worker
+Ahead (off unless ``GrammarMasks.ahead`` is set: on the GPU the worker's xgrammar calls and the step loop
+contended for the GIL, and the step loop doing the work itself was faster): once a step's sampler is launched,
+``fill_ahead`` hands the step's constrained rows to a worker
 thread, which waits for that step's tokens to reach the host, lets each row's matcher accept its token
 and fills the next masks (runner/constraints.py), xgrammar's calls running outside the GIL: while the
 step loop reads the previous step's tokens, schedules and launches the next forward. The next ``build``
@@ -47,7 +49,7 @@ class GrammarMasks:
     """Each step's (rows, bitmask) of the constrained rows, in buffers kept across steps (grown when a step has
     more constrained rows than they hold)."""
 
-    ahead = True  # False: ``fill_ahead`` does nothing, all the work is in ``build`` (benchmarks compare the two)
+    ahead = False  # True: ``fill_ahead`` starts the next step's work in the worker (it lost to the step loop doing it: GIL)
 
     def __init__(self, vocab_size: int, device: torch.device) -> None:
         self.device = device

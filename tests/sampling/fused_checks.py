@@ -63,6 +63,31 @@ def check_matches_reference(device: str, num_rows: int, vocab: int) -> None:
                                f"vs {reference[mismatched[:8]].tolist()}"
 
 
+def check_masked_rows(device: str, num_rows: int, vocab: int) -> None:
+    """Rows as a grammar leaves them: most logits -inf, whole slices of the kernel masked (the allowed tokens in
+    the first 3% of the vocabulary, or only in its last 40 ids, or a handful spread over it), and rows with
+    nothing allowed (every key ties at -inf: the first token, as the reference's argmax of NaN ratios gives),
+    greedy and sampled, with and without top-k, top-p and min-p: the reference's tokens, one for one."""
+    generator = torch.Generator().manual_seed(num_rows * 31 + vocab)
+    logits = _logits(num_rows, vocab, generator, "cpu")
+    allowed = torch.zeros(num_rows, vocab, dtype=torch.bool)
+    allowed[0::4, : max(2, vocab * 3 // 100)] = True
+    allowed[1::4, vocab - 40:] = True
+    allowed[2::4, torch.randint(0, vocab, (7,), generator=generator)] = True
+    # rows 3::4 allow nothing
+    logits = logits.masked_fill(~allowed, float("-inf")).to(device)
+    for features in ({}, dict(top_k=True), dict(top_p=True), dict(min_p=True)):
+        flags = dict(dict(top_k=False, top_p=False, min_p=False), **features)
+        batch = _batch(num_rows, generator, device, vocab=vocab, **flags)
+        fused = sample(logits, batch, use_fused=True).token_ids
+        reference = sample(logits, batch, use_fused=False).token_ids
+        mismatched = (fused != reference).nonzero().flatten().tolist()
+        assert not mismatched, f"{features}: rows {mismatched[:8]} differ: {fused[mismatched[:8]].tolist()} " \
+                               f"vs {reference[mismatched[:8]].tolist()}"
+        kept = allowed.to(device)[torch.arange(num_rows, device=device), fused] | ~allowed.to(device).any(dim=1)
+        assert bool(kept.all()), f"{features}: a masked token was sampled"
+
+
 def check_ties_across_slices(device: str, vocab: int) -> None:
     """A top-k that cuts through a tie spread over the whole row (and over the kernel's slices).
 

@@ -36,6 +36,11 @@ def test_fused_matches_reference_at_real_shapes(num_rows):
     checks.check_matches_reference("cuda", num_rows, VOCAB)
 
 
+@pytest.mark.parametrize("num_rows", [1, 8, 64])
+def test_grammar_masked_rows_match_the_reference_at_real_shapes(num_rows):
+    checks.check_masked_rows("cuda", num_rows, VOCAB)
+
+
 def test_ties_across_slices_on_cuda():
     checks.check_ties_across_slices("cuda", VOCAB)
 

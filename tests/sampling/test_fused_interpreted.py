@@ -34,6 +34,7 @@ FUSED = [
     ["matches_reference", "2", "5000"],  # several slices per row
     ["low_precision_matches_float", "12", "700"],  # bf16/fp16 logits read as they are
     ["matches_reference", "48", "700"],  # one slice per row
+    ["masked_rows", "2", "5000"],  # 2 slices a row: grammar-masked rows leave a whole slice -inf
 ]
 KERNEL_PARTS = [
     ["split_plans_agree", "6", "5000"],

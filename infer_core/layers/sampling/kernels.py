@@ -57,9 +57,12 @@ def _bounds(row_ptr, start, vocab_size, temperature, key, position, lo, hi, floo
     """
     NC: tl.constexpr = TILE // 4
     inv_temperature_log2 = tl.math.div_rn(1.0, temperature) * LOG2E
-    # start at -FLT_MAX, not -inf: a logit whose z is finite but whose product with log2(e) / t
-    # overflows has a bound of -inf, and its score (>= -FLT_MAX * ln 2 there) is then still covered
-    acc = tl.full((NC, 4), -FLT_MAX, tl.float32)
+    # A token whose logit is -inf (masked by a grammar, past the vocabulary) scores -inf: its bound is -inf, so
+    # pass B never visits a group of such tokens (a grammar-masked row leaves whole slices so). Any other
+    # token's bound is at least -FLT_MAX: a logit whose z is finite but whose product with log2(e) / t
+    # overflows has a bound of -inf, and its score (>= -FLT_MAX * ln 2 there) is then still covered.
+    acc = tl.full((NC, 4), float("-inf"), tl.float32)
+    floor = tl.full((NC, 4), -FLT_MAX, tl.float32)
     ties = tl.zeros((NC, 4), tl.int32)
     offs = tile_offsets(start, NC)
     upcoming = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf"))
@@ -70,6 +73,7 @@ def _bounds(row_ptr, start, vocab_size, temperature, key, position, lo, hi, floo
         upcoming = tl.load(row_ptr + ahead, mask=(ahead < vocab_size) & (t + 1 < NUM_TILES), other=float("-inf"))
         counters = (start + t * TILE) // 4 + tl.arange(0, NC)
         bound = logits * inv_temperature_log2 + noise_bound(noise_bits(key, position, counters, NATIVE), NATIVE)
+        bound = tl.where(logits == float("-inf"), float("-inf"), tl.maximum(floor, bound))  # NaN: the floor
         if HAS_THRESHOLD:  # tokens below the cut score -inf (ties may be cut too: bounding them is safe)
             bound = tl.where(logits >= lo, bound, float("-inf"))
             ties += ((logits >= lo) & (logits <= hi) & (offs < vocab_size)).to(tl.int32)
@@ -223,7 +227,9 @@ def _sampled_key(row, row_ptr, start, split, temperature, seed_ptr, position_ptr
         best = key_score(best_key)
         bounds = tl.where(tl.arange(0, NC) == group, float("-inf"), bounds)
         top, group = tl.max(bounds, axis=0, return_indices=True)
-    return best_key
+    # Where no token of the slice scores above -inf, every key ties at -inf and the lowest token, the slice's
+    # first, wins, as it would had every group been scored; a finite score's key is above it.
+    return tl.maximum(best_key, score_key(tl.full((), float("-inf"), tl.float32), start, False))
 
 
 @triton.jit
