@@ -49,18 +49,26 @@ def _logits(num_rows: int, vocab: int, generator: torch.Generator, device: str) 
     return logits.to(device)
 
 
+def _fused_equals_reference(logits: torch.Tensor, generator: torch.Generator, device: str, vocab: int,
+                            features: dict) -> torch.Tensor:
+    """A batch with ``features`` (top_k / top_p / min_p) over ``logits``: the fused kernel's tokens, which must be
+    the torch reference's."""
+    flags = dict(dict(top_k=False, top_p=False, min_p=False), **features)
+    batch = _batch(len(logits), generator, device, vocab=vocab, **flags)
+    fused = sample(logits, batch, use_fused=True).token_ids
+    reference = sample(logits, batch, use_fused=False).token_ids
+    mismatched = (fused != reference).nonzero().flatten().tolist()
+    assert not mismatched, f"{features}: rows {mismatched[:8]} differ: {fused[mismatched[:8]].tolist()} " \
+                           f"vs {reference[mismatched[:8]].tolist()}"
+    return fused
+
+
 def check_matches_reference(device: str, num_rows: int, vocab: int) -> None:
     generator = torch.Generator().manual_seed(num_rows * 7919 + vocab)
     logits = _logits(num_rows, vocab, generator, device)
     for features in ({}, dict(top_k=True), dict(top_p=True), dict(top_k=True, top_p=True), dict(min_p=True),
                      dict(top_k=True, top_p=True, min_p=True)):
-        flags = dict(dict(top_k=False, top_p=False, min_p=False), **features)
-        batch = _batch(num_rows, generator, device, vocab=vocab, **flags)
-        fused = sample(logits, batch, use_fused=True).token_ids
-        reference = sample(logits, batch, use_fused=False).token_ids
-        mismatched = (fused != reference).nonzero().flatten().tolist()
-        assert not mismatched, f"{features}: rows {mismatched[:8]} differ: {fused[mismatched[:8]].tolist()} " \
-                               f"vs {reference[mismatched[:8]].tolist()}"
+        _fused_equals_reference(logits, generator, device, vocab, features)
 
 
 def check_masked_rows(device: str, num_rows: int, vocab: int) -> None:
@@ -77,13 +85,7 @@ def check_masked_rows(device: str, num_rows: int, vocab: int) -> None:
     # rows 3::4 allow nothing
     logits = logits.masked_fill(~allowed, float("-inf")).to(device)
     for features in ({}, dict(top_k=True), dict(top_p=True), dict(min_p=True)):
-        flags = dict(dict(top_k=False, top_p=False, min_p=False), **features)
-        batch = _batch(num_rows, generator, device, vocab=vocab, **flags)
-        fused = sample(logits, batch, use_fused=True).token_ids
-        reference = sample(logits, batch, use_fused=False).token_ids
-        mismatched = (fused != reference).nonzero().flatten().tolist()
-        assert not mismatched, f"{features}: rows {mismatched[:8]} differ: {fused[mismatched[:8]].tolist()} " \
-                               f"vs {reference[mismatched[:8]].tolist()}"
+        fused = _fused_equals_reference(logits, generator, device, vocab, features)
         kept = allowed.to(device)[torch.arange(num_rows, device=device), fused] | ~allowed.to(device).any(dim=1)
         assert bool(kept.all()), f"{features}: a masked token was sampled"
 
