@@ -18,10 +18,7 @@ Figures per step, in microseconds (median and mean over ``--steps`` steps after 
   ``fill_bitmasks`` do them;
 - ``grammar_masks``, per thread count: the runner's masks end to end (runner/grammar_masks.py), as the tree
   has them, over the same requests in ``RequestState``s with the pending token in the previous step's ids
-  (overlapped scheduling's steady state): the time ``build`` takes on the step loop's thread. ``_ahead``:
-  with ``fill_ahead`` started after each step, then ``--host-work-us`` of pure Python (the step loop's own
-  work, holding the GIL, as it does on the H100's host) before the next ``build``; without, the same Python
-  runs, but the masks' work is all inside ``build``.
+  (overlapped scheduling's steady state): the time ``build`` takes on the step loop's thread.
 
 The runner's code is imported from the path, so ``PYTHONPATH=<other tree> python benchmarks/grammar_host_cost.py``
 measures another tree's (one without the batched calls: ``batched`` is left out, the threads do not apply).
@@ -130,29 +127,20 @@ def batched(constraint, rows: int, steps: int, warmup: int, seed: int) -> dict:
 
 
 def _masks(device: torch.device):
-    """The tree's masks: (build(table, states, last_step, last_sample_rows), fill_ahead(step) or None)."""
+    """The tree's masks: build(table, states, last_step, last_sample_rows)."""
     try:
         from infer_core.runner.grammar_masks import GrammarMasks
-    except ImportError:  # a tree before the kept buffers: one function, nothing ahead
+    except ImportError:  # a tree before the kept buffers: one function
         from infer_core.runner import constraints
 
-        return (lambda table, states, last_step, rows: constraints.grammar_masks(table, states, LOGITS, device,
-                                                                                 last_step, rows)), None
-    masks = GrammarMasks(LOGITS, device)
-    return masks.build, masks.fill_ahead
+        return lambda table, states, last_step, rows: constraints.grammar_masks(table, states, LOGITS, device,
+                                                                                last_step, rows)
+    return GrammarMasks(LOGITS, device).build
 
 
-def _busy(microseconds: int) -> None:
-    """Pure Python for ``microseconds``, holding the GIL: the step loop's own work between two steps' masks."""
-    end = time.perf_counter_ns() + 1000 * microseconds
-    while time.perf_counter_ns() < end:
-        pass
-
-
-def runner_masks(constraint, rows: int, steps: int, warmup: int, seed: int, ahead: bool, host_work_us: int) -> dict:
+def runner_masks(constraint, rows: int, steps: int, warmup: int, seed: int) -> dict:
     """The runner's masks end to end over ``rows`` requests in overlapped scheduling's steady state: the time
-    ``build`` takes on the step loop's thread (with ``ahead``, what the worker left to wait for after
-    ``host_work_us`` of the loop's own Python since ``fill_ahead``)."""
+    ``build`` takes on the step loop's thread."""
     from infer_core.interfaces import NewRequestData, SchedulerOutput
     from infer_core.layers.sampler import SamplerOutput
     from infer_core.runner.state import RequestTable
@@ -166,7 +154,7 @@ def runner_masks(constraint, rows: int, steps: int, warmup: int, seed: int, ahea
     states = [table[rid] for rid in ids]
     sample_rows = {rid: i for i, rid in enumerate(ids)}
     rng = np.random.default_rng(seed)
-    build, fill_ahead = _masks(torch.device("cpu"))
+    build = _masks(torch.device("cpu"))
     samples: list[int] = []
     last_step = None
     for step in range(warmup + steps):
@@ -182,9 +170,6 @@ def runner_masks(constraint, rows: int, steps: int, warmup: int, seed: int, ahea
                 state.token_ids.append(int(last_step.token_ids[sample_rows[state.request_id]]))
             state.num_pending_tokens = 1
         last_step = SampledStep(ids, list(range(rows)), states, SamplerOutput(token_ids=torch.tensor(tokens)))
-        if ahead and fill_ahead is not None:
-            fill_ahead(last_step)
-        _busy(host_work_us)
     return _summary(samples)
 
 
@@ -196,8 +181,6 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=32000, help="of the trained tokenizer")
     parser.add_argument("--tokenizer", help="a tokenizer folder to use instead of training one")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="of the batched fill")
-    parser.add_argument("--host-work-us", type=int, default=1500,
-                        help="pure Python between two steps' masks (the step loop's own work)")
     parser.add_argument("--label", default="", help="what tree this is (before/after), kept in the row")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--no-write", action="store_true")
@@ -214,14 +197,12 @@ def main() -> None:
         for threads in args.threads:
             matcher_class.threads = threads
             row[f"batched_{threads}_threads"] = batched(*run, seed=0)
-            for ahead in (False, True):
-                name = f"grammar_masks_{threads}_threads" + ("_ahead" if ahead else "")
-                row[name] = runner_masks(*run, seed=0, ahead=ahead, host_work_us=args.host_work_us)
+            row[f"grammar_masks_{threads}_threads"] = runner_masks(*run, seed=0)
     else:
-        row["grammar_masks"] = runner_masks(*run, seed=0, ahead=False, host_work_us=args.host_work_us)
+        row["grammar_masks"] = runner_masks(*run, seed=0)
     print(json.dumps(row), flush=True)
     settings = {"rows": args.rows, "threads": args.threads, "cpus": len(os.sched_getaffinity(0)), "steps": args.steps,
-                "warmup": args.warmup, "host_work_us": args.host_work_us, "logits": LOGITS,
+                "warmup": args.warmup, "logits": LOGITS,
                 "tokenizer": args.tokenizer or f"byte-level BPE trained on synthetic JSON, {args.vocab_size} tokens",
                 "schema": "benchmarks/grammar_overhead's: array of records, minItems past the steps",
                 "figure": "host microseconds per step (median, mean) of the grammar masks' work"}

@@ -11,9 +11,6 @@ JSON: a byte-level BPE tokenizer is trained here on synthetic JSON and text (``-
 grammar covers those ids, and the model's logits past them are never allowed), or ``--tokenizer DIR`` names
 a real one.
 
-A third mode, ``json_schema_in_step``, is the JSON one with the runner's grammar work all inside the step
-(``GrammarMasks.ahead`` off: no worker thread accepting and filling while the step loop works), to weigh it.
-
 Each mode runs once to warm up (grammar compiled, graphs captured, kernels built), then
 ``--repeats`` times; the best run's tok/s is kept (the least disturbed). Rows are printed as JSON and
 written to ``benchmarks/results`` unless ``--no-write``.
@@ -98,7 +95,6 @@ def _run(llm, prompts: list[list[int]], params) -> tuple[float, int]:
 
 def measure(args: argparse.Namespace, tokenizer_dir: str) -> list[dict]:
     from infer_core import LLM, SamplingParams
-    from infer_core.runner.grammar_masks import GrammarMasks
     from infer_core.sampling_params import StructuredOutputs
 
     llm = LLM(str(CONFIG), tokenizer=tokenizer_dir, load_format="dummy", device="cuda",
@@ -108,14 +104,12 @@ def measure(args: argparse.Namespace, tokenizer_dir: str) -> list[dict]:
     rows, tree = [], commit()
     for temperature in args.temperature:
         best = {}
-        for mode in ("free", "json_schema", "json_schema_in_step"):
+        for mode in ("free", "json_schema"):
             params = [SamplingParams(temperature=temperature, seed=i, max_tokens=args.max_tokens,
                                      ignore_eos=mode == "free", structured_outputs=spec if mode != "free" else None)
                       for i in range(BATCH)]
-            default, GrammarMasks.ahead = GrammarMasks.ahead, mode != "json_schema_in_step"
             _run(llm, prompts, params)  # warm-up
             runs = [_run(llm, prompts, params) for _ in range(args.repeats)]
-            GrammarMasks.ahead = default
             assert all(tokens == BATCH * args.max_tokens for _, tokens in runs), runs
             best[mode] = max(tokens / seconds for seconds, tokens in runs)
             print(f"temperature {temperature}, {mode}: {best[mode]:.0f} tok/s "
@@ -123,9 +117,7 @@ def measure(args: argparse.Namespace, tokenizer_dir: str) -> list[dict]:
         ratio = best["json_schema"] / best["free"]
         row = {"system": "infer", "commit": tree, "batch": BATCH, "temperature": temperature,
                "free_tok_s": round(best["free"], 1), "json_schema_tok_s": round(best["json_schema"], 1),
-               "ratio": round(ratio, 4), "cost_pct": round(100 * (1 - ratio), 2), "within_10pct": ratio >= 0.9,
-               "json_schema_in_step_tok_s": round(best["json_schema_in_step"], 1),
-               "ratio_in_step": round(best["json_schema_in_step"] / best["free"], 4)}
+               "ratio": round(ratio, 4), "cost_pct": round(100 * (1 - ratio), 2), "within_10pct": ratio >= 0.9}
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.profile:

@@ -1,9 +1,8 @@
 """The runner's batched grammar masks (runner/grammar_masks.py) against the row-at-a-time loop they replace.
 
 Two copies of the same requests step side by side for many steps: one through ``GrammarMasks.build``
-(xgrammar's batch accept and threaded fill, into buffers kept across steps and refilled with garbage before
-every step, so a word the fill leaves unwritten shows), with or without ``fill_ahead`` after each step (the
-worker thread's accept and fill), one through a plain loop (each matcher accepts its token, a fresh bitmask
+(xgrammar's batch accept and fill, into buffers kept across steps and refilled with garbage before
+every step, so a word the fill leaves unwritten shows), one through a plain loop (each matcher accepts its token, a fresh bitmask
 of ones, each live row filled). Among the requests: a free one, a choice that ends
 (its grammar terminated: every token allowed), one handed a token its grammar refuses (dropped, with the
 warning), and one that joins with output tokens its new matcher must catch up on (as after preemption).
@@ -84,7 +83,7 @@ def _allowed(row: torch.Tensor) -> np.ndarray:
     # tokenizer's, were one allowed, would be refused: the drop count below would show it)
 
 
-def _run(backend, matcher_class: type, ahead: bool, caplog) -> None:
+def _run(backend, matcher_class: type, caplog) -> None:
     constraints = [backend.compile(s) if s is not None else None for s in SPECS]
     resumed_prefix = backend.tokenizer.encode('{"name": "A', add_special_tokens=False)
     reference = [c.matcher()._matcher if c is not None else None for c in constraints]  # xgrammar's own
@@ -102,7 +101,6 @@ def _run(backend, matcher_class: type, ahead: bool, caplog) -> None:
 
     states = [add(i, [1]) if i != RESUMED else None for i in range(len(SPECS))]
     masks = GrammarMasks(VOCAB, torch.device("cpu"))
-    masks.ahead = ahead  # the worker runs only where asked (off by default)
     rng = np.random.default_rng(0)
     last_step, pending = None, None
     for step in range(STEPS):
@@ -113,8 +111,7 @@ def _run(backend, matcher_class: type, ahead: bool, caplog) -> None:
         expected = _reference([reference[i] if i in in_batch else None for i in range(len(SPECS))],
                               pending, alive)
         batch_states = [states[i] for i in in_batch]
-        with caplog.at_level(logging.WARNING, logger="infer_core.runner.constraints"), torch.inference_mode():  # (the
-            # runner's step: the worker writes the buffers outside it)
+        with caplog.at_level(logging.WARNING, logger="infer_core.runner.constraints"), torch.inference_mode():  # the runner's step
             rows, bitmask = masks.build(table, batch_states, last_step, {states[i].request_id: j
                                                                          for j, i in enumerate(in_batch)}
                                         if last_step is not None else {})
@@ -138,22 +135,18 @@ def _run(backend, matcher_class: type, ahead: bool, caplog) -> None:
         last_step = SampledStep([states[i].request_id for i in in_batch], list(range(len(in_batch))), batch_states,
                                 SamplerOutput(token_ids=torch.tensor(tokens)))
         masks.host_bitmask.fill_(0x5A5A5A5A)  # garbage where this step's masks were
-        masks.ahead_bitmask.fill_(0x5A5A5A5A)
-        if ahead and step + 1 < STEPS:  # (none after the last: the checks below read the matchers)
-            masks.fill_ahead(last_step)
         pending = [tokens[in_batch.index(i)] if i in in_batch else None for i in range(len(SPECS))]
     assert reference[TERMINATES].is_terminated() and states[TERMINATES].matcher.is_terminated
     assert not alive[DROPPED] and states[DROPPED].matcher is None and table.num_constrained == len(SPECS) - 2
     assert any("r4: token" in r.getMessage() and "outside its grammar" in r.getMessage() for r in caplog.records)
 
 
-@pytest.mark.parametrize("ahead", [False, True], ids=["in-step", "ahead"])
-def test_batched_masks_equal_the_row_at_a_time_loop(backend, two_threads, ahead, caplog):
-    _run(backend, XGrammarMatcher, ahead, caplog)
+def test_batched_masks_equal_the_row_at_a_time_loop(backend, two_threads, caplog):
+    _run(backend, XGrammarMatcher, caplog)
 
 
 def test_the_interfaces_one_at_a_time_fallback_equals_it_too(backend, caplog):
-    _run(backend, OneAtATime, True, caplog)
+    _run(backend, OneAtATime, caplog)
 
 
 def test_the_grammar_covers_the_tokenizer_not_the_heads_padding(backend):

@@ -5,11 +5,10 @@ Each constrained request has a matcher (``RequestState.matcher``, made from the 
 it has not seen: those the runner has been sent, then the token the previous step sampled that the
 host has not been sent yet (overlapped scheduling), read from that step's copy to the host. It then
 writes the tokens the grammar allows next into the row's bitmask (runner/grammar_masks.py keeps the
-buffers, sends them to the device and does this work ahead where it can).
+buffers and sends them to the device).
 
 The matchers of one class accept their tokens in one call and fill their rows in one call
-(``ConstraintMatcher.accept_each`` and ``fill_bitmasks``: xgrammar's run over many matchers, its fill
-in threads). A matcher whose grammar has ended counts a token as seen without accepting it, and its
+(``ConstraintMatcher.accept_each`` and ``fill_bitmasks``: xgrammar's run over many matchers). A matcher whose grammar has ended counts a token as seen without accepting it, and its
 row allows every token (its token is one the request no longer keeps). A matcher that is handed a
 token its grammar does not allow (possible only where another rule, such as ``min_tokens`` banning
 the end token, left a row no allowed token) is dropped with a warning: the request goes on
@@ -89,15 +88,14 @@ def _unseen_tokens(state: RequestState, last_step: SampledStep | None, last_samp
 
 
 def catch_up(table: RequestTable, states: list[RequestState], last_step: SampledStep | None,
-             last_sample_rows: dict[str, int]) -> set[str]:
+             last_sample_rows: dict[str, int]) -> None:
     """Advance the matchers of ``states`` (each with one) over every output token up to the one this step samples
     after, a round of one token per request at a time (one round where each is one token behind); a pending
     token is read from the previous step's ids (``last_step``, at ``last_sample_rows``; its copy to the host
-    awaited). The ids of the requests whose matcher was handed any token."""
+    awaited)."""
     host_ids: list[list[int]] = []
     todo = [(state, tokens) for state in states
             if (tokens := _unseen_tokens(state, last_step, last_sample_rows, host_ids))]
-    touched = {state.request_id for state, _ in todo}
     depth = 0
     while todo:
         token_ids = [tokens[depth] for _, tokens in todo]
@@ -109,4 +107,3 @@ def catch_up(table: RequestTable, states: list[RequestState], last_step: Sampled
                 drop(table, state, token_id)
         depth += 1
         todo = [(state, tokens) for state, tokens in todo if state.matcher is not None and depth < len(tokens)]
-    return touched

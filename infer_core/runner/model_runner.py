@@ -285,8 +285,6 @@ class ModelRunner:
         slot = self.host_slots.take(result.token_ids.shape[0]) if self.host_slots is not None else None
         self.last_step = SampledStep(inputs.request_ids, inputs.sample_rows, states, result,
                                      logits if self.return_logits else None, slot)
-        if batch.allowed is not None:  # the next step's grammar work, started while this step's tokens are read
-            self.grammar_masks.fill_ahead(self.last_step)
         return self.last_step
 
     def _pending_ids(self, states: list[RequestState], request_ids: list[str], last_sampled: torch.Tensor | None,
