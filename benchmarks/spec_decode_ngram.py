@@ -7,7 +7,7 @@ step, prompt_lookup_min/max as set), in the same process. The figure is output t
 of wall time over a workload (after a warm-up), the acceptance rate and mean acceptance length of
 the drafts, and whether the speculative tokens equal the plain ones (they must: greedy).
 
-    python -m benchmarks.spec_decode_ngram [--device cuda] [--new-tokens 256] [--k 4] [--dtype D] [--attention A] [--out DIR]
+    python -m benchmarks.spec_decode_ngram [--device cuda] [--new-tokens 256] [--k 4] [--dtype D] [--attention A] [--apart] [--out DIR]
 """
 
 from __future__ import annotations
@@ -80,6 +80,15 @@ def run(decoding: str, args: argparse.Namespace) -> dict[str, dict]:
     return rows
 
 
+def run_apart(decoding: str, args: argparse.Namespace) -> dict[str, dict]:
+    """``run`` in a fresh process of its own: its engine's memory goes back with the process."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(run, decoding, args).result()
+
+
 def first_difference(a: list[int], b: list[int]) -> int | None:
     """The first output position where two token lists differ (None when equal)."""
     if a == b:
@@ -97,9 +106,11 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto", help="the model's dtype (auto: the device's default)")
     parser.add_argument("--attention", default=None, help="one attention backend for both engines (default: each "
                         "engine's own choice)")
+    parser.add_argument("--apart", action="store_true", help="each engine in a process of its own")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    plain, spec = run("standard", args), run("ngram", args)
+    measure = run_apart if args.apart else run
+    plain, spec = measure("standard", args), measure("ngram", args)
     results = []
     for name in plain:
         plain_ids, spec_ids = plain[name].pop("token_ids"), spec[name].pop("token_ids")
@@ -114,7 +125,7 @@ def main() -> None:
               f"{spec[name]['first_difference']}")
     settings = {"model": "default (SmolLM2-135M-Instruct)", "batch": 1, "greedy": True, "new_tokens": args.new_tokens,
                 "num_speculative_tokens": args.k, "prompt_lookup_min": args.min_n, "prompt_lookup_max": args.max_n,
-                "device": args.device, "dtype": args.dtype, "attention": args.attention, "prompts_per_workload": len(PARAGRAPHS)}
+                "device": args.device, "dtype": args.dtype, "attention": args.attention, "apart": args.apart, "prompts_per_workload": len(PARAGRAPHS)}
     print(write_result("spec-decode-ngram", settings, results, args.out))
 
 
