@@ -89,7 +89,7 @@ class XGrammarMatcher(ConstraintMatcher):
     def fill_bitmasks(cls, matchers: Sequence[ConstraintMatcher], bitmask: Any, rows: Sequence[int]) -> None:
         """xgrammar writes whole rows (tests/test_grammar_batch.py checks it over a buffer of garbage)."""
         handles = [m._matcher for m in matchers]
-        with _FILL_LOCK:  # engines of one process (and a runner's worker) may fill from several threads
+        with _FILL_LOCK:  # engines of one process may fill from several threads
             batch_matcher(cls.threads or FILL_THREADS).batch_fill_next_token_bitmask(handles, bitmask, list(rows))
 
 

@@ -6,7 +6,7 @@ constraint travels with the request to the runner (``NewRequestData.constraint``
 request its own ``ConstraintMatcher``: before a row samples, the matcher writes the tokens the grammar
 allows next into that row of a token bitmask, and after it samples, it accepts the token. The runner does
 both for all of a step's matchers of one class in one call (``accept_each``, ``fill_bitmasks``), which a
-backend overrides to work on many matchers at once (xgrammar: its batch matcher's threads); the defaults
+backend overrides to work on many matchers at once (xgrammar: its batch matcher); the defaults
 take one matcher at a time.
 
 The bitmask is int32 ``[rows, ceil(vocab_size / 32)]``: token ``t`` is allowed when bit ``t % 32`` of

@@ -8,11 +8,11 @@ writes the tokens the grammar allows next into the row's bitmask (runner/grammar
 buffers and sends them to the device).
 
 The matchers of one class accept their tokens in one call and fill their rows in one call
-(``ConstraintMatcher.accept_each`` and ``fill_bitmasks``: xgrammar's run over many matchers). A matcher whose grammar has ended counts a token as seen without accepting it, and its
-row allows every token (its token is one the request no longer keeps). A matcher that is handed a
-token its grammar does not allow (possible only where another rule, such as ``min_tokens`` banning
-the end token, left a row no allowed token) is dropped with a warning: the request goes on
-unconstrained rather than failing the step.
+(``ConstraintMatcher.accept_each`` and ``fill_bitmasks``: xgrammar's run over many matchers). A matcher
+whose grammar has ended counts a token as seen without accepting it, and its row allows every token
+(its token is one the request no longer keeps). A matcher that is handed a token its grammar does not
+allow (possible only where another rule, such as ``min_tokens`` banning the end token, left a row no
+allowed token) is dropped with a warning: the request goes on unconstrained rather than failing the step.
 """
 
 from __future__ import annotations

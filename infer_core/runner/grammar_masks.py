@@ -27,22 +27,20 @@ class GrammarMasks:
         self.mask_vocab_size = self.num_words = 0  # the ids the buffers' rows cover, in words
         self.tail: int | None = None  # the last word's bits of ids below mask_vocab_size (None: all of them)
         self.capacity = 0
-        self.host_rows = self.rows = self.bitmask = None
-        self.host_bitmask = None
+        self.host_rows = self.host_bitmask = self.rows = self.bitmask = None
         self._host_rows = None  # host_rows as numpy (a list is written into it without a tensor made of it)
         # CUDA: marks the last copy out of the host buffers; build writes its buffer again only after it
         self.copied = torch.cuda.Event() if device.type == "cuda" else None
 
-    def _reserve(self, num_rows: int, vocab_size: int) -> bool:
-        """Buffers of at least ``num_rows`` rows covering ``vocab_size`` ids; whether new ones were made."""
+    def _reserve(self, num_rows: int, vocab_size: int) -> None:
+        """Buffers of at least ``num_rows`` rows covering ``vocab_size`` ids (new ones where these are short)."""
         if num_rows <= self.capacity and vocab_size == self.mask_vocab_size:
-            return False
+            return
         self.capacity = max(num_rows, 2 * self.capacity if vocab_size == self.mask_vocab_size else 0, 8)
         self.mask_vocab_size, self.num_words = vocab_size, -(-vocab_size // 32)
         self.tail = (1 << vocab_size % 32) - 1 if vocab_size % 32 else None
         with torch.inference_mode(False):  # plain tensors: written in place in and out of inference mode
             self._allocate()
-        return True
 
     def _allocate(self) -> None:
         pinned = self.device.type == "cuda"
