@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -73,6 +74,8 @@ def main() -> None:
     parser.add_argument("--model", default="Qwen3-0.6B")
     parser.add_argument("--attention", default="triton")
     parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--num-prompts", type=int, default=1,
+                        help="requests added at once: the first step prefills them all (a batch's prefill step)")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--cprofile", action="store_true", help="cProfile the steps instead (Python time)")
     parser.add_argument("--out", type=Path, default=None, help="folder for the trace and a JSON of the figures")
@@ -91,18 +94,40 @@ def main() -> None:
         prompt = latency_prompt(args.prompt_len, engine.config.model.vocab_size)
         params = SamplingParams(temperature=0, max_tokens=args.steps + 4, ignore_eos=True)
         llm.generate([prompt], params, use_tqdm=False)  # warm-up: compiles, first-use costs
-        engine.add_request("first-steps", [(t + 1) % 10000 for t in prompt], params)  # no prefix-cache hit
+        for round_ in range(3):  # unprofiled: the launching call's host time, and until the GPU is done
+            plain = [f"plain-{round_}-{i}" for i in range(args.num_prompts)]
+            for i, request_id in enumerate(plain):
+                engine.add_request(request_id, [(t + 7 + i + 100 * round_) % 10000 for t in prompt], params)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            engine.step()
+            launched = time.perf_counter()
+            torch.cuda.synchronize()
+            done = time.perf_counter()
+            print(json.dumps({"unprofiled_prefill_step": round_, "tokens": args.num_prompts * args.prompt_len,
+                              "launch_ms": round((launched - start) * 1e3, 3),
+                              "until_gpu_done_ms": round((done - start) * 1e3, 3)}), flush=True)
+            for request_id in plain:
+                engine.abort(request_id)
+            while engine.has_unfinished_requests():  # the step still in flight
+                engine.step()
+        ids = [f"first-steps-{i}" for i in range(args.num_prompts)]
+        for i, request_id in enumerate(ids):  # shifted token ids: no prefix-cache hit
+            engine.add_request(request_id, [(t + 1 + i) % 10000 for t in prompt], params)
         torch.cuda.synchronize()
         if args.cprofile:
             _cprofile_steps(engine, args.steps)
-            engine.abort("first-steps")
+            for request_id in ids:
+                engine.abort(request_id)
             return
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(args.steps):
                 with record_function(STEP_RANGE):
                     engine.step()
             torch.cuda.synchronize()
-        engine.abort("first-steps")
+        for request_id in ids:
+            engine.abort(request_id)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30), flush=True)
         trace = Path(scratch) / "trace.json"
         prof.export_chrome_trace(str(trace))
         rows = _per_step(json.loads(trace.read_text())["traceEvents"])
@@ -112,6 +137,7 @@ def main() -> None:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / f"first-steps-{label}-{args.attention}.trace.json").write_text(trace.read_text())
             settings = {"model": label, "attention": args.attention, "prompt_len": args.prompt_len,
+                        "num_prompts": args.num_prompts,
                         "steps": args.steps, "load_format": "dummy", "dtype": "bfloat16"}
             print("wrote", write_result("first-steps", settings, rows, args.out), flush=True)
 

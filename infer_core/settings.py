@@ -69,6 +69,7 @@ class EngineSettings(BaseSettings):
     enable_prefix_caching: bool = Field(True, description="reuse KV blocks of shared prompt prefixes")
     enforce_eager: bool = Field(False, description="never capture CUDA graphs: every decode step runs eagerly")
     prefill_graph_max_tokens: int = Field(512, ge=0, description="a step of one request's prompt chunk of up to this many tokens replays a CUDA graph (sizes 16, 32, ... up to it) where the attention backend supports it; 0 = such steps run eagerly")
+    piecewise_cuda_graphs: bool = Field(True, description="a step no whole-step CUDA graph holds (several prompts, prompts beside decodes) replays the layers between its attentions as CUDA graphs, captured per token count up to max_num_batched_tokens (one rank); off = such steps run eagerly")
     async_scheduling: bool = Field(True, description="plan step N+1 while step N runs on the device (built-in scheduler, one rank or tensor parallelism, no speculative decoding); off = each step waits for the previous one's tokens")
     pdl: bool = Field(True, description="launch the decode-path Triton kernels with programmatic dependent launch (Hopper and newer GPUs): each starts while the one before it drains")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs the model is split over")

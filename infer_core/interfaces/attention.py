@@ -152,4 +152,8 @@ class AttentionBackend(RuntimeComponent, ABC):
         ``kv_written=True``: the caller has already stored k and v of these tokens at the slots
         ``standard_kv_slot_mapping`` gave, so ``forward`` does not write them again. Callers pass it
         only to a backend whose ``standard_kv_slot_mapping`` is not None.
+
+        A backend whose ``forward`` also takes ``out`` (a tensor shaped like ``q``) writes the result
+        there (rows past the step's tokens may hold anything) and returns it: piecewise CUDA graphs
+        (runner/piecewise_graphs.py) pass the buffer the next graph reads; without it they copy.
         """

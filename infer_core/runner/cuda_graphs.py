@@ -128,7 +128,7 @@ class CudaGraphRunner:
             decode_order=b.dev["decode_order"][:size],
         )
 
-    def _prefill_metadata(self, size: int) -> BatchMetadata:
+    def prefill_metadata(self, size: int) -> BatchMetadata:
         """One request of ``size`` tokens over the persistent buffers (captured on the pad block)."""
         b = self.buffers
         b.host["query_start_loc"][:2] = (0, size)
@@ -170,7 +170,7 @@ class CudaGraphRunner:
                 def forward_chunk(ids, pos, md, last=size - 1):
                     return forward_sampled(ids, pos, md, sampled_row.clamp(max=last))
 
-                metadata = build_metadata(self._prefill_metadata(size))
+                metadata = build_metadata(self.prefill_metadata(size))
                 self.prefill_graphs[size] = _capture(pool, forward_chunk, b.dev["input_ids"][:size],
                                                      b.dev["positions"][:size], metadata)
             for size in sorted(self.verify_sizes, reverse=True):
@@ -178,7 +178,7 @@ class CudaGraphRunner:
                 def forward_verify(ids, pos, md, rows=b.dev["logits_indices"][:size], last=size - 1):
                     return forward_sampled(ids, pos, md, rows.clamp(max=last))
 
-                metadata = build_metadata(self._prefill_metadata(size))
+                metadata = build_metadata(self.prefill_metadata(size))
                 self.verify_graphs[size] = _capture(pool, forward_verify, b.dev["input_ids"][:size],
                                                     b.dev["positions"][:size], metadata)
         for size, entry in self.graphs.items() if argmax is not None else ():

@@ -34,6 +34,7 @@ class StepInputs:
     # The CUDA graph the batch is padded for (at most one is set; neither: the step runs eagerly):
     decode_graph: int | None = None  # a decode graph's batch size (``padded_num_reqs``)
     prefill_graph: int | None = None  # a prefill graph's token count (``padded_num_tokens``)
+    piecewise_graph: int | None = None  # piecewise graphs' token count (runner/piecewise_graphs.py)
     # Tokens sampled by the previous step and not known on the host: ``input_ids[pending_dst]``
     # must be set to ``previous_sampled[pending_src]`` on the device before the forward.
     pending_dst: torch.Tensor | None = None  # int32 flat-batch indices
@@ -120,10 +121,12 @@ def build_step_inputs(
     output: SchedulerOutput, states: RequestTable, block_size: int, device: torch.device,
     buffers: StepBuffers | None = None, padded_num_reqs: int | None = None,
     previous_sample_rows: dict[str, int] | None = None, padded_num_tokens: int | None = None,
+    piecewise_graph: int | None = None,
 ) -> StepInputs:
     """The flat batch of ``output``; with ``padded_num_reqs``, padded with one-token dummy requests
     (decode-only steps replayed by a CUDA graph of that size); with ``padded_num_tokens``, padded
-    with tokens of no request (one request's prompt chunk replayed by a prefill graph).
+    with tokens of no request (one request's prompt chunk replayed by a prefill graph); with
+    ``piecewise_graph``, padded so too (any step, replayed by the piecewise graphs of that size).
 
     ``previous_sample_rows``: request id -> row of the previous step's sampled ids, for requests
     whose last token is still pending (see ``StepInputs.pending_dst``).
@@ -144,7 +147,8 @@ def build_step_inputs(
             state = states[rid]
             states.write_draft_tokens(state.row, len(state.token_ids), draft)
     num_tokens = int(query_lens.sum())
-    padded_tokens = padded_num_tokens if padded_num_tokens is not None else num_tokens + (padded_reqs - num_reqs)
+    padded_tokens = (padded_num_tokens if padded_num_tokens is not None else piecewise_graph
+                     if piecewise_graph is not None else num_tokens + (padded_reqs - num_reqs))
     max_blocks = int(num_allocated.max())
     if buffers is None or not buffers.fits(padded_tokens, padded_reqs, max_blocks):
         if padded_tokens > num_tokens:
@@ -221,6 +225,7 @@ def build_step_inputs(
         padded_num_tokens=padded_tokens,
         decode_graph=padded_num_reqs,
         prefill_graph=padded_num_tokens,
+        piecewise_graph=piecewise_graph,
         pending_dst=d["pending_dst"][: len(pending_reqs)] if len(pending_reqs) else None,
         pending_src=d["pending_src"][: len(pending_reqs)] if len(pending_reqs) else None,
         pending_prefix=pending_prefix,

@@ -31,17 +31,19 @@ def cpu_num_blocks(kv_cache_gb: float | None, bytes_per_block: int, max_useful_b
 
 
 def cuda_num_blocks(utilization: float, kv_cache_gb: float | None, bytes_per_block: int, device: torch.device,
-                    max_useful_blocks: int, graph_share: float = 0.0) -> int:
+                    max_useful_blocks: int, graph_share: float = 0.0, transient: int | None = None) -> int:
     """On CUDA, after a profiling forward: what ``utilization`` of the GPU leaves for KV blocks.
 
     ``graph_share`` of the profiled activations is set aside for the CUDA graphs' memory pool,
-    which keeps the activations of the largest captured decode batch. Never more than could ever
+    which keeps the activations of the largest captured decode batch; ``transient``: the profiled
+    activations' bytes (default: the allocator's peak less what it holds now). Never more than could ever
     be used (``max_num_seqs`` full-length requests): a tiny model does not need the whole GPU.
     """
     if kv_cache_gb is not None:
         return min(int(kv_cache_gb * GiB // bytes_per_block), max_useful_blocks)
     free, total = torch.cuda.mem_get_info(device)
-    transient = torch.cuda.max_memory_allocated(device) - torch.cuda.memory_allocated(device)
+    if transient is None:
+        transient = torch.cuda.max_memory_allocated(device) - torch.cuda.memory_allocated(device)
     graphs = graph_share * transient
     budget = utilization * total - (total - free) - transient - graphs
     logger.info(

@@ -28,19 +28,15 @@ import torch
 from infer_core.config import EngineConfig
 from infer_core.interfaces import ParallelContext, PendingOutput, ReadyOutput, RunnerOutput, SchedulerOutput
 from infer_core.layers import fused
-from infer_core.layers.sampler import SamplerOutput, greedy_argmax, sample, takes_argmax
+from infer_core.layers.sampler import SamplerOutput, sample, takes_argmax
 from infer_core.loader import Catalog
 from infer_core.models.build import BuildContext
 from infer_core.platform import use_physical_cores
 from infer_core.models.weights import load_model_weights
 from infer_core.profiling import step_range
-from infer_core.runner.cuda_graphs import (
-    CudaGraphRunner,
-    capture_sizes,
-    forward_step,
-    graph_for,
-    prefill_capture_sizes,
-)
+from infer_core.runner.cuda_graphs import CudaGraphRunner, forward_step, graph_for
+from infer_core.runner.graph_plan import capture_graphs, prefill_graph_sizes, uses_cuda_graphs
+from infer_core.runner.piecewise_graphs import PiecewiseGraphs
 from infer_core.runner.draft_model import draft_model_for
 from infer_core.runner.grammar_masks import GrammarMasks
 from infer_core.runner.inputs import StepBuffers, StepInputs, build_step_inputs
@@ -84,6 +80,7 @@ class ModelRunner:
         self.buffers: StepBuffers | None = None  # sized and allocated with the KV cache
         self.host_slots: HostSlots | None = None  # pinned buffers for sampled ids (CUDA), with the KV cache
         self.graphs: CudaGraphRunner | None = None
+        self.piecewise: PiecewiseGraphs | None = None  # every other step's layers (runner/piecewise_graphs.py)
         self.return_logits = False  # tests and accuracy checks: copy sampled positions' logits to the host
         # Unseeded sampling draws from this generator, not torch's global one: reproducible run to
         # run, and unaffected by (and not affecting) whatever else the process draws.
@@ -142,38 +139,15 @@ class ModelRunner:
                                    pad_block=num_blocks)
         if self.device.type == "cuda":
             self.host_slots = HostSlots(max_num_tokens, torch.cuda.current_stream(self.device))
-        if self.uses_cuda_graphs():
-            # a decoding policy other than the standard one may verify drafts: a batch-1 verify step has its graph
-            verify = self.config.implementations.get("decoding", "standard") != "standard"
-            self.graphs = CudaGraphRunner(self.buffers, self.config.block_size, self.config.max_model_len,
-                                          capture_sizes(s.max_num_seqs), self.prefill_graph_sizes(), verify)
-            logger.info("capturing CUDA graphs…")
-            with torch.inference_mode():
-                self.graphs.capture(self.attention.build_metadata, self._forward_logits, self._forward_sampled,
-                                    greedy_argmax)
+        self.graphs, self.piecewise = capture_graphs(self)
         if self.device.type == "cuda":
             warm_up(self)
 
     def uses_cuda_graphs(self) -> bool:
-        if self.device.type != "cuda" or self.config.settings.enforce_eager:
-            return False
-        if not self.attention.capabilities(self.ctx).supports_cuda_graphs:
-            logger.info("CUDA graphs off: attention %r does not support them; every step runs eagerly",
-                        self.config.implementations.get("attention"))
-            return False
-        if not self.strategy.supports_cuda_graphs:
-            logger.info("CUDA graphs off: parallel strategy %r does not support them; every step runs eagerly",
-                        self.config.implementations.get("parallel"))
-            return False
-        return True
+        return uses_cuda_graphs(self)
 
     def prefill_graph_sizes(self) -> list[int]:
-        """Token counts of the one-request prefill graphs: none where the backend does not support them,
-        and with several ranks (their collectives in such graphs are not measured yet)."""
-        if (not self.uses_cuda_graphs() or self.parallel.world_size > 1
-                or not self.attention.capabilities(self.ctx).supports_prefill_cuda_graphs):
-            return []
-        return prefill_capture_sizes(self.config.settings.prefill_graph_max_tokens)
+        return prefill_graph_sizes(self)
 
     def _forward_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata) -> torch.Tensor | None:
         """Logits of every row (what a captured decode step computes)."""
@@ -235,8 +209,10 @@ class ModelRunner:
         scoring = wanting_prompt_logprobs(output, self.requests) if self.requests.num_prompt_logprobs else None
         # prompt logprobs need the prompt positions' logits too, and a graph gives the sampled rows' only
         decode_graph, prefill_graph = (None, None) if scoring else graph_for(self.graphs, output)
+        piecewise = (self.piecewise.padded_size(output.total_num_scheduled_tokens) if self.piecewise is not None
+                     and decode_graph is prefill_graph is None and not scoring else None)
         inputs = build_step_inputs(output, self.requests, self.config.block_size, self.device, self.buffers,
-                                   decode_graph, self.last_sample_rows, prefill_graph)
+                                   decode_graph, self.last_sample_rows, prefill_graph, piecewise)
         if scoring:
             inputs.prompt_plan = plan_prompt_logprobs(scoring, inputs, output.num_scheduled_tokens, self.requests)
         if inputs.pending_prefix:  # steady decode: the previous step's ids, in order, are the first inputs
@@ -247,10 +223,13 @@ class ModelRunner:
         return inputs
 
     def forward_eager(self, inputs: StepInputs) -> torch.Tensor | None:
-        """Stage 2 where no graph holds the step: the model run from Python; the logits of the sampled
-        rows (None: no row samples, and the LM head does not run)."""
+        """Stage 2 where no whole-step graph holds the step: the model run from Python, or its piecewise graphs;
+        the logits of the sampled rows (None: no row samples, and the LM head does not run)."""
         metadata = self.attention.build_metadata(inputs.metadata)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, metadata)
+        if inputs.piecewise_graph is not None:  # the layers replayed, the attention run from here
+            hidden = self.piecewise.replay(inputs.piecewise_graph, metadata)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, metadata)
         if inputs.prompt_plan is not None:  # prompt logprobs: the LM head on the positions that score them too
             inputs.prompt_plan.logits = self.model.compute_logits(hidden.index_select(0, inputs.prompt_plan.rows))
         if not inputs.sample_rows:

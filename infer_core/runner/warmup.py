@@ -16,6 +16,7 @@ import torch
 
 from infer_core.interfaces import NewRequestData, SchedulerOutput
 from infer_core.layers.sampler import SamplingBatch, fused_kernels, sample
+from infer_core.runner.graph_plan import piecewise_graph_sizes
 from infer_core.runner.kv_cache import allocate_kv_caches, cpu_num_blocks, cuda_num_blocks
 from infer_core.sampling_params import SamplingParams
 
@@ -51,14 +52,18 @@ def profile_num_blocks(runner: ModelRunner) -> int:
     torch.cuda.reset_peak_memory_stats(runner.device)
     profile_step(runner)
     torch.cuda.synchronize(runner.device)
-    torch.cuda.empty_cache()
-    logger.info("profiled in %.1f s", time.perf_counter() - start)
+    transient = torch.cuda.max_memory_allocated(runner.device) - torch.cuda.memory_allocated(runner.device)
     # A captured decode batch of max_num_seqs tokens needs about that share of the profiled
-    # activations (which are for max_num_batched_tokens tokens).
+    # activations (which are for max_num_batched_tokens tokens); the piecewise graphs' pool keeps a
+    # forward's activations at the largest step.
     graph_tokens = max([s.max_num_seqs, *runner.prefill_graph_sizes()])
     graph_share = min(1.0, graph_tokens / s.max_num_batched_tokens) if runner.uses_cuda_graphs() else 0.0
+    if piecewise_graph_sizes(runner) and transient > 0:
+        graph_share += forward_activations(runner) / transient
+    torch.cuda.empty_cache()
+    logger.info("profiled in %.1f s", time.perf_counter() - start)
     return cuda_num_blocks(s.gpu_memory_utilization, s.kv_cache_gb, runner.bytes_per_block(), runner.device,
-                           max_useful, graph_share)
+                           max_useful, graph_share, transient)
 
 
 def profile_step(runner: ModelRunner) -> None:
@@ -80,6 +85,28 @@ def profile_step(runner: ModelRunner) -> None:
     runner.execute(output)
     runner.requests.clear()
     runner.kv_caches = []
+
+
+def forward_activations(runner: ModelRunner) -> int:
+    """Bytes a forward alone (no row sampled) allocates at the largest step: a prompt chunk short of its end."""
+    config, s = runner.config, runner.config.settings
+    num_tokens = max(1, min(s.max_num_batched_tokens, config.max_model_len - 1))
+    num_blocks = -(-(num_tokens + 1) // config.block_size)
+    output = SchedulerOutput()
+    output.new_requests.append(NewRequestData("dummy-forward", [0] * (num_tokens + 1), num_tokens + 1,
+                                              SamplingParams(), list(range(num_blocks)), 0))
+    output.num_scheduled_tokens["dummy-forward"] = num_tokens
+    runner.kv_caches = allocate_kv_caches(config.model.num_layers, num_blocks, config.block_size,
+                                          runner.num_kv_heads, config.model.head_dim, runner.kv_dtype, runner.device)
+    torch.cuda.synchronize(runner.device)
+    before = torch.cuda.memory_allocated(runner.device)
+    torch.cuda.reset_peak_memory_stats(runner.device)
+    runner.execute(output)
+    torch.cuda.synchronize(runner.device)
+    peak = torch.cuda.max_memory_allocated(runner.device) - before
+    runner.requests.clear()
+    runner.kv_caches = []
+    return peak
 
 
 def warm_up(runner: ModelRunner) -> None:

@@ -65,7 +65,8 @@ class FlashAttentionBackend(AttentionBackend):
         """flash-attn's paged layout is the standard one: a layer may store k/v and pass ``kv_written=True``."""
         return metadata.common.slot_mapping[: metadata.num_tokens]
 
-    def forward(self, layer: AttentionLayer, q, k, v, kv_cache, metadata: FlashMetadata, *, kv_written: bool = False):
+    def forward(self, layer: AttentionLayer, q, k, v, kv_cache, metadata: FlashMetadata, *, kv_written: bool = False,
+                out: torch.Tensor | None = None):
         n = metadata.num_tokens  # rows past it are padding: their KV is not written
         if not kv_written:  # else the layer stored k/v already (standard_kv_slot_mapping)
             self._write_kv(kv_cache, k[:n], v[:n], metadata.common.slot_mapping[:n])
@@ -84,9 +85,10 @@ class FlashAttentionBackend(AttentionBackend):
                 causal=True,
                 window_size=window,
             ).squeeze(1)
-            if prefill is None and num_decodes == q.shape[0]:
+            if prefill is None and num_decodes == q.shape[0] and out is None:
                 return decoded  # a decode-only (or CUDA-graph) step: no copy into a second buffer
-        out = torch.empty_like(q)
+        if out is None:
+            out = torch.empty_like(q)
         if decode is not None:
             out[:num_decodes] = decoded
         if prefill is not None:

@@ -101,14 +101,15 @@ class TritonAttentionBackend(AttentionBackend):
         return md.slot_mapping[: md.num_tokens]
 
     def forward(self, layer: AttentionLayer, q, k, v, kv_cache, metadata: TritonMetadata | BatchMetadata, *,
-                kv_written: bool = False):
+                kv_written: bool = False, out: torch.Tensor | None = None):
         if isinstance(metadata, BatchMetadata):  # called without build_metadata (tests, tools)
             metadata = self.build_metadata(metadata)
         md = metadata.common
         n = md.num_tokens  # rows past it are padding: their KV is not written
         if not kv_written:  # else the layer stored k/v already (standard_kv_slot_mapping)
             write_kv(kv_cache, k[:n], v[:n], md.slot_mapping[:n], layer.k_scale, layer.v_scale)
-        out = torch.empty_like(q)
+        if out is None:
+            out = torch.empty_like(q)
         num_decodes = md.num_decode_only
         if num_decodes:
             decode_attention(
