@@ -64,3 +64,19 @@ def test_the_cuts_are_every_attention_of_the_model(tmp_path):
         assert [s.layer.layer_idx for s in sites] == list(range(model.config.num_layers)) and len(sites) >= 2
     finally:
         llm.shutdown()
+
+
+def test_the_capture_metadata_splits_a_size_into_requests_no_longer_than_the_context():
+    """A piecewise graph of 20 tokens for a 8-token context is captured on requests of 8, 8 and 4 tokens, every
+    token writing the pad block (one request of 20 would read past its block table)."""
+    from infer_core.runner.cuda_graphs import CudaGraphRunner, capture_sizes
+
+    block_size, pad_block = 4, 30
+    buffers = StepBuffers(64, 8, 3, torch.device("cpu"), pad_block=pad_block)
+    graphs = CudaGraphRunner(buffers, block_size, 8, capture_sizes(8))
+    md = graphs.prefill_metadata(20, 8)
+    assert (md.num_reqs, md.num_tokens, md.num_decode_only, md.max_query_len) == (3, 20, 0, 8)
+    assert md.query_start_loc.tolist() == [0, 8, 16, 20] and md.seq_lens.tolist() == [8, 8, 4]
+    assert (md.slot_mapping == pad_block * block_size).all() and (md.block_tables == pad_block).all()
+    one = graphs.prefill_metadata(6)  # a prefill graph's: one request
+    assert one.num_reqs == 1 and one.seq_lens.tolist() == [6] and one.query_start_loc.tolist() == [0, 6]

@@ -128,24 +128,29 @@ class CudaGraphRunner:
             decode_order=b.dev["decode_order"][:size],
         )
 
-    def prefill_metadata(self, size: int) -> BatchMetadata:
-        """One request of ``size`` tokens over the persistent buffers (captured on the pad block)."""
+    def prefill_metadata(self, size: int, max_len: int | None = None) -> BatchMetadata:
+        """Prompt chunks of ``size`` tokens over the persistent buffers, captured on the pad block: one request,
+        or with ``max_len`` as many requests of up to ``max_len`` tokens as hold them (piecewise graphs)."""
         b = self.buffers
-        b.host["query_start_loc"][:2] = (0, size)
-        b.host["seq_lens"][0] = size
+        max_len = max_len or size
+        lens = [max_len] * (size // max_len) + ([size % max_len] if size % max_len else [])
+        num_reqs = len(lens)
+        starts = np.cumsum([0, *lens])
+        b.host["query_start_loc"][: num_reqs + 1] = starts
+        b.host["seq_lens"][:num_reqs] = lens
         b.host["logits_indices"][0] = size - 1
-        b.block_tables_np[0] = b.pad_block
-        b.fill_padding(0, size, 1, 1, self.block_size)
-        b.copy_to_device(1, b.max_blocks_per_req)
+        b.block_tables_np[:num_reqs] = b.pad_block
+        b.fill_padding(0, size, num_reqs, num_reqs, self.block_size)
+        b.copy_to_device(num_reqs, b.max_blocks_per_req)
         return BatchMetadata(
-            num_reqs=1, num_tokens=size, num_decode_only=0, max_query_len=size, max_seq_len=self.max_seq_len,
-            block_size=self.block_size,
-            query_start_loc=b.dev["query_start_loc"][:2],
-            seq_lens=b.dev["seq_lens"][:1],
-            block_tables=b.block_tables[:1],
+            num_reqs=num_reqs, num_tokens=size, num_decode_only=0, max_query_len=max(lens),
+            max_seq_len=self.max_seq_len, block_size=self.block_size,
+            query_start_loc=b.dev["query_start_loc"][: num_reqs + 1],
+            seq_lens=b.dev["seq_lens"][:num_reqs],
+            block_tables=b.block_tables[:num_reqs],
             slot_mapping=b.dev["slot_mapping"][:size],
-            query_start_loc_cpu=torch.tensor([0, size], dtype=torch.int32),
-            seq_lens_cpu=torch.tensor([self.max_seq_len], dtype=torch.int32),
+            query_start_loc_cpu=torch.from_numpy(starts.astype(np.int32)),
+            seq_lens_cpu=torch.full((num_reqs,), self.max_seq_len, dtype=torch.int32),
         )
 
     def capture(self, build_metadata: Callable[[BatchMetadata], Any],

@@ -50,11 +50,14 @@ def prefill_graph_sizes(runner: ModelRunner) -> list[int]:
 
 
 def piecewise_graph_sizes(runner: ModelRunner) -> list[int]:
-    """Token counts of the piecewise graphs (``piecewise_cuda_graphs``): up to the largest step, on one rank."""
+    """Token counts of the piecewise graphs (``piecewise_cuda_graphs``): up to the largest step the scheduler
+    can make (``max_num_batched_tokens``, and no more than ``max_num_seqs`` requests at ``max_model_len``), on one
+    rank."""
     settings = runner.config.settings
     if not settings.piecewise_cuda_graphs or not uses_cuda_graphs(runner) or runner.parallel.world_size > 1:
         return []
-    return piecewise_sizes(max(settings.max_num_batched_tokens, settings.max_num_seqs))
+    largest = max(settings.max_num_batched_tokens, settings.max_num_seqs)
+    return piecewise_sizes(min(largest, settings.max_num_seqs * runner.config.max_model_len))
 
 
 def capture_graphs(runner: ModelRunner) -> tuple[CudaGraphRunner | None, PiecewiseGraphs | None]:
@@ -76,5 +79,6 @@ def capture_graphs(runner: ModelRunner) -> tuple[CudaGraphRunner | None, Piecewi
         piecewise = PiecewiseGraphs(sizes)
         dev = runner.buffers.dev
         piecewise.capture(runner.model, dev["input_ids"], dev["positions"], runner.kv_caches,
-                          lambda size: runner.attention.build_metadata(graphs.prefill_metadata(size)), runner.dtype)
+                          lambda size: runner.attention.build_metadata(
+                              graphs.prefill_metadata(size, runner.config.max_model_len)), runner.dtype)
     return graphs, piecewise

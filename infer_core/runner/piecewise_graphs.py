@@ -169,7 +169,13 @@ class PiecewiseGraphs:
                     for site, backend in zip(sites, backends):
                         site.backend = _Cutter(backend, pieces, pool, out)
                     pieces.graphs[0].capture_begin(pool=pool)
-                    hidden = model(input_ids[:size], positions[:size], kv_caches, metadata)
+                    try:
+                        hidden = model(input_ids[:size], positions[:size], kv_caches, metadata)
+                    except Exception as e:
+                        _end_failed_capture(pieces.graphs[-1])
+                        raise RuntimeError(f"capturing the piecewise CUDA graphs of {size}-token steps failed "
+                                           f"({type(e).__name__}: {e}); piecewise_cuda_graphs=false "
+                                           f"(INFER_PIECEWISE_CUDA_GRAPHS=0) runs such steps eagerly") from e
                     pieces.graphs[-1].capture_end()
                     pieces.hidden = unowned_view(hidden)
                     del hidden  # its memory is the pool's again: the next size may reuse it
@@ -197,3 +203,11 @@ class PiecewiseGraphs:
         graphs[-1].replay()
         return pieces.hidden
 
+
+def _end_failed_capture(graph: torch.cuda.CUDAGraph) -> None:
+    """Take the stream out of capture after a failure inside it (a graph left capturing aborts the process when
+    collected); the capture's own error, if it has one, adds nothing to the failure being raised."""
+    try:
+        graph.capture_end()
+    except Exception:  # noqa: BLE001 - the capture was already invalid
+        pass
