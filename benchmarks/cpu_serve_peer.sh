@@ -34,7 +34,7 @@ for run in $(seq "$RUNS"); do
     wait_ready 8411 $pid && echo "infer ready after $(echo "$(date +%s.%N) - $start" | bc) s" && bench "infer-$run-$dtype" 8411
     kill $pid; wait $pid 2>/dev/null
     echo "--- vllm, load $(cut -d' ' -f1-3 /proc/loadavg)"
-    (cd /tmp && exec "$VLLM_VENV/bin/vllm" serve "$MODEL" --dtype $dtype --port 8412) > "$OUT/vllm-$run-$dtype-server.log" 2>&1 &
+    (cd /tmp && exec "$VLLM_VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL" --dtype $dtype --port 8412) > "$OUT/vllm-$run-$dtype-server.log" 2>&1 &
     pid=$!; start=$(date +%s.%N)
     wait_ready 8412 $pid && echo "vllm ready after $(echo "$(date +%s.%N) - $start" | bc) s" && bench "vllm-$run-$dtype" 8412
     kill $pid; wait $pid 2>/dev/null
