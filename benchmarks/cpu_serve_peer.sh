@@ -2,6 +2,8 @@
 # Issue 30, serving half: `infer serve` against vLLM's CPU server (its default: one core computes, one serves),
 # same model folder (SmolLM2-135M-Instruct in safetensors), same token ids (random ids, --input-len 512), 128 out,
 # at concurrency 1 (8 requests), 8 and 32 (32 requests each); per dtype, runs alternated, load average logged.
+# vLLM's KV cache gets 4 GiB (VLLM_CPU_KVCACHE_SPACE; its own default asks for most of the memory and fails to
+# start when other processes hold some).
 # Usage: MODEL=/path/to/smollm2-st VLLM_VENV=/path/to/venv OUT=dir RUNS=2 bash benchmarks/cpu_serve_peer.sh
 set -u
 : "${MODEL:?}" "${VLLM_VENV:?}" "${OUT:?}"
@@ -34,7 +36,7 @@ for run in $(seq "$RUNS"); do
     wait_ready 8411 $pid && echo "infer ready after $(echo "$(date +%s.%N) - $start" | bc) s" && bench "infer-$run-$dtype" 8411
     kill $pid; wait $pid 2>/dev/null
     echo "--- vllm, load $(cut -d' ' -f1-3 /proc/loadavg)"
-    (cd /tmp && exec "$VLLM_VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL" --dtype $dtype --port 8412) > "$OUT/vllm-$run-$dtype-server.log" 2>&1 &
+    (cd /tmp && VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-4} exec "$VLLM_VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL" --dtype $dtype --port 8412) > "$OUT/vllm-$run-$dtype-server.log" 2>&1 &
     pid=$!; start=$(date +%s.%N)
     wait_ready 8412 $pid && echo "vllm ready after $(echo "$(date +%s.%N) - $start" | bc) s" && bench "vllm-$run-$dtype" 8412
     kill $pid; wait $pid 2>/dev/null

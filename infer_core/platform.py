@@ -46,11 +46,24 @@ def pick_dtype(requested: str, device: str, checkpoint_dtype: str | None) -> str
     return checkpoint_dtype if checkpoint_dtype in ("bfloat16", "float16") else "bfloat16"
 
 
+# Left unset, per device: a step's token budget (a CPU step's time grows with its tokens), and overlapped
+# scheduling (a CPU step runs as it is launched, so overlap would only hand its tokens out a step later).
+DEVICE_DEFAULTS = {"cuda": {"max_num_batched_tokens": 8192, "async_scheduling": True},
+                   "cpu": {"max_num_batched_tokens": 2048, "async_scheduling": False}}
+
+
+def with_device_defaults(settings: EngineSettings, device: str) -> EngineSettings:
+    """``settings`` with the values left unset that depend on the device filled in for ``device``."""
+    unset = {name: value for name, value in DEVICE_DEFAULTS[device].items() if getattr(settings, name) is None}
+    return settings.model_copy(update=unset) if unset else settings
+
+
 def make_runtime_context(settings: EngineSettings, model: ModelConfig) -> RuntimeContext:
     """The one RuntimeContext of an engine: implementations are validated and built against it."""
     num_gpus, capability = runtime_probe()
     device = pick_device(settings.device, num_gpus)
     dtype = pick_dtype(settings.dtype, device, model.torch_dtype)
+    settings = with_device_defaults(settings, device)
     return RuntimeContext(device, dtype, model, settings, capability if device == "cuda" else None, num_gpus,
                           os.environ.get("TRITON_INTERPRET") == "1")
 

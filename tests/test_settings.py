@@ -32,7 +32,7 @@ def test_precedence_argument_env_dotenv_default(monkeypatch, tmp_path):
     assert settings.max_num_seqs == 7  # argument beats environment
     assert settings.block_size == 64  # environment beats .env
     assert settings.seed == 9  # .env beats default
-    assert settings.max_num_batched_tokens == 8192  # default
+    assert settings.max_num_batched_tokens is None  # default: the device's (test_device_defaults)
     sources = {name: source for name, _, source in describe_sources(settings, {"max_num_seqs": 7})}
     assert sources["max_num_seqs"] == "argument"
     assert sources["block_size"] == "env INFER_BLOCK_SIZE"
@@ -274,3 +274,15 @@ def test_engine_config_with_plugin_settings_unpickles_in_a_fresh_process(draft_p
     lines = out.stdout.decode().splitlines()
     assert "draft {'num_draft_tokens': 7, 'draft_model_folder': None}" in lines
     assert lines[-1] == "core 3 16"
+
+
+def test_device_defaults_fill_only_what_was_left_unset():
+    from infer_core.platform import with_device_defaults
+
+    unset = load_settings()
+    cpu, cuda = with_device_defaults(unset, "cpu"), with_device_defaults(unset, "cuda")
+    assert (cpu.max_num_batched_tokens, cpu.async_scheduling) == (2048, False)
+    assert (cuda.max_num_batched_tokens, cuda.async_scheduling) == (8192, True)
+    assert unset.max_num_batched_tokens is None and unset.async_scheduling is None  # the caller's are left as they were
+    given = with_device_defaults(load_settings(max_num_batched_tokens=300, async_scheduling=True), "cpu")
+    assert (given.max_num_batched_tokens, given.async_scheduling) == (300, True)
