@@ -126,7 +126,9 @@ def test_shutdown_frees_the_runner_before_leaving_the_group(tiny_checkpoint, ass
 
 
 def test_worker_killed_while_steps_overlap(tiny_checkpoint, assert_no_workers_left):
-    llm = LLM(str(tiny_checkpoint("qwen3")), tensor_parallel_size=2, **{**SETTINGS, "num_kv_blocks": 256})
+    # overlap asked for: on the CPU it is off unless asked (a CPU step runs as it is launched)
+    llm = LLM(str(tiny_checkpoint("qwen3")), tensor_parallel_size=2,
+              **{**SETTINGS, "num_kv_blocks": 256, "async_scheduling": True})
     assert llm.engine.overlap
     freed_while_in_group = _watch_runner_release(llm)
     (pid,) = llm.engine.executor.worker_pids
