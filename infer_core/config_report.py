@@ -17,6 +17,8 @@ DEFAULT_RULES = {
     "attention": "the best backend that can run here",
     "quantization": "the checkpoint's, else none",
     "parallel": "single on one device, else the strategy a plugin offers",
+    "max_num_batched_tokens": "the device's: 8192 on a GPU, 2048 on the CPU",
+    "async_scheduling": "the device's: on with a GPU, off on the CPU",
 }
 
 
@@ -25,7 +27,7 @@ def resolve_defaults(settings: EngineSettings) -> tuple[dict[str, str], str | No
     from infer_core.loader import choose_names, load_catalog
     from infer_core.models.gguf_cache import locate_model
     from infer_core.models.source import read_model_config
-    from infer_core.platform import make_runtime_context
+    from infer_core.platform import DEVICE_DEFAULTS, make_runtime_context
 
     resolved: dict[str, str] = {}
     try:
@@ -37,6 +39,8 @@ def resolve_defaults(settings: EngineSettings) -> tuple[dict[str, str], str | No
     except Exception as e:  # show what can be shown; the engine would stop with this error
         return resolved, str(e)
     resolved.update({kind: names[kind] for kind in KINDS if getattr(settings, kind) is None})
+    resolved.update({name: str(getattr(ctx.settings, name)) for name in DEVICE_DEFAULTS[ctx.device]
+                     if getattr(settings, name) is None})
     return resolved, None
 
 

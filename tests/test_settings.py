@@ -80,6 +80,10 @@ def test_infer_config_prints_values_and_sources(monkeypatch, draft_plugin):
     assert rows["attention"].split()[1] != "None"
     assert rows["attention"].endswith("(default rule: the best backend that can run here)")
     assert rows["parallel"].split()[1] == "single" and rows["quantization"].split()[1] == "none"
+    # unset for the device: what this machine (a CPU here, a GPU elsewhere) resolves them to
+    assert rows["max_num_batched_tokens"].split()[1] in ("2048", "8192")
+    assert rows["max_num_batched_tokens"].endswith("(default rule: the device's: 8192 on a GPU, 2048 on the CPU)")
+    assert rows["async_scheduling"].split()[1] in ("False", "True")
     # a plugin's settings: value, source and the plugin that declared them
     assert rows["num_draft_tokens"].split()[1] == "9"
     assert rows["num_draft_tokens"].endswith("(argument; declared by plugin draft of infer-draft 0.2.0)")

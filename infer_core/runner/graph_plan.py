@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 
 def uses_cuda_graphs(runner: ModelRunner) -> bool:
+    """Whether the rank captures CUDA graphs at all (``ModelRunner.uses_cuda_graphs`` asks once and keeps it)."""
     if runner.device.type != "cuda" or runner.config.settings.enforce_eager:
         return False
     names = runner.config.implementations
@@ -43,7 +44,7 @@ def uses_cuda_graphs(runner: ModelRunner) -> bool:
 def prefill_graph_sizes(runner: ModelRunner) -> list[int]:
     """Token counts of the one-request prefill graphs: none where the backend does not support them,
     and with several ranks."""
-    if (not uses_cuda_graphs(runner) or runner.parallel.world_size > 1
+    if (not runner.uses_cuda_graphs() or runner.parallel.world_size > 1
             or not runner.attention.capabilities(runner.ctx).supports_prefill_cuda_graphs):
         return []
     return prefill_capture_sizes(runner.config.settings.prefill_graph_max_tokens)
@@ -54,7 +55,7 @@ def piecewise_graph_sizes(runner: ModelRunner) -> list[int]:
     can make (``max_num_batched_tokens``, and no more than ``max_num_seqs`` requests at ``max_model_len``), on one
     rank."""
     settings = runner.config.settings
-    if not settings.piecewise_cuda_graphs or not uses_cuda_graphs(runner) or runner.parallel.world_size > 1:
+    if not settings.piecewise_cuda_graphs or not runner.uses_cuda_graphs() or runner.parallel.world_size > 1:
         return []
     largest = max(settings.max_num_batched_tokens, settings.max_num_seqs)
     return piecewise_sizes(min(largest, settings.max_num_seqs * runner.config.max_model_len))
@@ -62,7 +63,7 @@ def piecewise_graph_sizes(runner: ModelRunner) -> list[int]:
 
 def capture_graphs(runner: ModelRunner) -> tuple[CudaGraphRunner | None, PiecewiseGraphs | None]:
     """Capture the rank's graphs over its step buffers and KV cache (allocated before)."""
-    if not uses_cuda_graphs(runner):
+    if not runner.uses_cuda_graphs():
         return None, None
     settings = runner.config.settings
     # a decoding policy other than the standard one may verify drafts: a batch-1 verify step has its graph

@@ -80,6 +80,7 @@ class ModelRunner:
         self.buffers: StepBuffers | None = None  # sized and allocated with the KV cache
         self.host_slots: HostSlots | None = None  # pinned buffers for sampled ids (CUDA), with the KV cache
         self.graphs: CudaGraphRunner | None = None
+        self._uses_cuda_graphs: bool | None = None
         self.piecewise: PiecewiseGraphs | None = None  # every other step's layers (runner/piecewise_graphs.py)
         self.return_logits = False  # tests and accuracy checks: copy sampled positions' logits to the host
         # Unseeded sampling draws from this generator, not torch's global one: reproducible run to
@@ -144,7 +145,10 @@ class ModelRunner:
             warm_up(self)
 
     def uses_cuda_graphs(self) -> bool:
-        return uses_cuda_graphs(self)
+        """Decided (and, when off, said) once: start-up asks it several times."""
+        if self._uses_cuda_graphs is None:
+            self._uses_cuda_graphs = uses_cuda_graphs(self)
+        return self._uses_cuda_graphs
 
     def prefill_graph_sizes(self) -> list[int]:
         return prefill_graph_sizes(self)
