@@ -57,6 +57,7 @@ def test_kernels_are_chosen_by_device_and_shape():
     assert choose_gemm(block, 256, 256, cuda) is reference  # no block-scaled GPU GEMM yet
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="runs the Triton GEMV on CPU tensors, under the interpreter")
 @pytest.mark.parametrize("dtype", list(QuantDtype))
 def test_a_fused_layer_runs_the_gemv_at_one_row_and_the_gemm_above(monkeypatch, dtype):
     """A QKV layer built where Triton runs (the CPU under the interpreter) loads q, k and v and picks the GEMV for

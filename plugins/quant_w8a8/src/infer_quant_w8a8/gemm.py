@@ -13,7 +13,8 @@ layer's scheme, the bias and the static input scale, and returns ``x @ W^T + bia
 - ``int8_int_mm``: ``torch._int_mm`` (int32 sums) and the scales applied after; K and N multiples of 8, and
   more than 16 rows (fewer are padded to 17: only 9-16-row batches, the GEMV takes up to 8).
 
-No triton here; torch ops only, so every path runs under CUDA graphs.
+The GPU paths quantize dynamic activations in one launch (``act_quant.py``, the reference's numbers); a static
+input scale (the checkpoint's) keeps the torch ops. Everything runs under CUDA graphs.
 """
 
 from __future__ import annotations
@@ -37,8 +38,17 @@ def _rowwise(x_scale: torch.Tensor, rows: int) -> torch.Tensor:
     return x_scale if x_scale.shape[0] == rows else x_scale.expand(rows, 1).contiguous()
 
 
+def _quantize_on_gpu(x: torch.Tensor, scheme: LinearScheme, input_scale: torch.Tensor | None):
+    """``x`` quantized as the scheme's activations: one launch when they are dynamic and on the GPU."""
+    if scheme.activation.static or not x.is_cuda:
+        return quantize_activations(x, scheme.activation, input_scale)
+    from infer_quant_w8a8.act_quant import quantize_activations_fused
+
+    return quantize_activations_fused(x, scheme.activation)
+
+
 def fp8_scaled_mm(x, weight, scale, scheme, bias, input_scale):
-    xq, x_scale = quantize_activations(x, scheme.activation, input_scale)
+    xq, x_scale = _quantize_on_gpu(x, scheme, input_scale)
     # Row-wise scaling writes bfloat16. A bfloat16 bias goes into the GEMM's float32 epilogue
     # (``sums * x_scale * w_scale + bias``, rounded once, as the reference); any other is added after the
     # rounding of the product (two roundings: an error of half a bfloat16 ulp of the product, not of the sum).
@@ -51,7 +61,7 @@ def fp8_scaled_mm(x, weight, scale, scheme, bias, input_scale):
 
 
 def int8_int_mm(x, weight, scale, scheme, bias, input_scale):
-    xq, x_scale = quantize_activations(x, scheme.activation, input_scale)
+    xq, x_scale = _quantize_on_gpu(x, scheme, input_scale)
     rows = xq.shape[0]
     if rows < INT_MM_MIN_ROWS:
         xq = F.pad(xq, (0, 0, 0, INT_MM_MIN_ROWS - rows))

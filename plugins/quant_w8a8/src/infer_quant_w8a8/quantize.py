@@ -3,6 +3,9 @@
 Symmetric throughout: ``scale = max|v| / max_value`` over the values that share it, ``q = v / scale`` rounded
 to the nearest integer (int8, clamped to [-127, 127]) or to the nearest float8 e4m3fn (clamped to +-448), and
 ``v ~= q * scale``. Scales are float32. Torch ops only, so they run on any device and under CUDA graphs.
+A dynamic activation scale is ``max|x|`` times the float32 reciprocal of ``max_value``, not a division: torch on
+CUDA divides by a Python number that way and the CPU does not, so a division would give scales one ulp apart
+on half the rows of the two devices, and the one-launch kernel (``act_quant.py``) could not equal both.
 """
 
 from __future__ import annotations
@@ -13,6 +16,11 @@ from infer_quant_w8a8.schemes import ActivationFormat, LinearScheme, QuantDtype,
 
 # The smallest scale: a row (or group) of zeros quantizes to zeros, with no division by zero.
 MIN_SCALE = 1e-12
+
+
+def reciprocal_max(dtype: QuantDtype) -> float:
+    """``1 / dtype.max_value`` rounded to float32 (as a Python float, exactly that value)."""
+    return torch.tensor(1.0 / dtype.max_value, dtype=torch.float32).item()
 
 TORCH_DTYPES = {QuantDtype.INT8: torch.int8, QuantDtype.FP8: torch.float8_e4m3fn}
 
@@ -66,7 +74,7 @@ def quantize_activations(x: torch.Tensor, fmt: ActivationFormat,
         scale = static_scale.float().reshape(1, 1)
         return to_quantized(x.float() / scale, fmt.dtype), scale
     grouped = _grouped(x.float(), fmt.group_k)
-    scale = (grouped.abs().amax(dim=-1) / fmt.dtype.max_value).clamp_(min=MIN_SCALE)
+    scale = (grouped.abs().amax(dim=-1) * reciprocal_max(fmt.dtype)).clamp_(min=MIN_SCALE)
     q = to_quantized(grouped / scale[..., None], fmt.dtype).flatten(1)[:, : x.shape[1]]
     return q, scale
 
