@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -29,6 +30,8 @@ from typing import Any
 
 from infer_core.interfaces import Constraint, ConstraintMatcher, GrammarBackend, RuntimeContext
 from infer_core.sampling_params import StructuredOutputs
+
+logger = logging.getLogger(__name__)
 
 CACHE_SIZE = 256  # compiled grammars kept by spec
 FILL_THREADS = 1
@@ -145,8 +148,14 @@ class XGrammarBackend(GrammarBackend):
             raise ValueError("structured outputs need xgrammar, which is not installed here: pip install xgrammar")
         import xgrammar as xgr
 
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=grammar_vocab_size(tokenizer, vocab_size,
-                                                                                           self.stop_token_ids),
+        covered = grammar_vocab_size(tokenizer, vocab_size, self.stop_token_ids)
+        if covered > len(tokenizer):
+            past = sorted(t for t in self.stop_token_ids if t >= len(tokenizer))
+            logger.warning("stop token ids %s lie past the tokenizer's %d ids, so grammars cover %d ids and xgrammar "
+                           "takes the %d between for special tokens, which every accept and mask pays for (tens of "
+                           "times slower per token); the model's config.json and its tokenizer disagree on the end "
+                           "token", past, len(tokenizer), covered, covered - len(tokenizer) - len(past))
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=covered,
                                                   stop_token_ids=list(self.stop_token_ids) or None)
         self._compiler = xgr.GrammarCompiler(info, max_threads=min(8, os.cpu_count() or 1))
         self._cache: OrderedDict[StructuredOutputs, XGrammarConstraint] = OrderedDict()
