@@ -1,6 +1,6 @@
 """LangChain and lm-eval-harness against ``infer serve`` on the default model, as their users run them.
 
-Each is skipped where its client is not installed (``pip install langchain-openai "lm-eval[api]"``).
+Both clients are in the project's test extra, so CI runs them; each is skipped where its client is not installed.
 lm-eval's loglikelihoods are checked against the engine's own prompt logprobs, which
 tests/test_prompt_logprobs.py checks against HF transformers.
 """

@@ -199,6 +199,16 @@ def write_hf_fp8(source, folder) -> dict[str, torch.Tensor]:
     return dequantized
 
 
+def _transformers_has_fp8_ops() -> bool:
+    try:
+        from transformers.integrations.finegrained_fp8 import Fp8Quantize, _dequantize_fp8_weight  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _transformers_has_fp8_ops(), reason="this transformers has no FP8 conversion ops to write "
+                    "the checkpoint with (the GPU image's 5.17; CI's has them)")
 def test_hf_fp8_block_checkpoint_holds_what_transformers_dequantizes(tiny, tmp_path):
     # every projection whole 128x128 blocks: q and k/v 128 rows (4 KV heads of 32), hidden 128, intermediate 256
     expected = write_hf_fp8(tiny("qwen3", num_key_value_heads=4, **BLOCKS), tmp_path / "fp8")
