@@ -57,7 +57,7 @@ class TritonAttentionBackend(AttentionBackend):
         self.num_heads = ctx.model.num_heads
         self.num_kv_heads = ctx.model.num_kv_heads
         self.head_dim = ctx.model.head_dim
-        self.decode_tiles = decode_tiles(self.head_dim)
+        self.decode_tiles = decode_tiles(self.head_dim, kv_fp8=ctx.settings.kv_cache_dtype == "fp8")
         self._scratch: SplitScratch | None = None
         self._num_sms: int | None = None
 

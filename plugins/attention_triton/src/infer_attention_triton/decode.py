@@ -9,7 +9,10 @@ their outputs are bit-identical. A split whose slice is empty writes a zero weig
 counts, so the launch grid depends only on the batch size and the split count, never on the
 lengths of this step (CUDA graphs).
 
-An FP8 cache (float8 e4m3, holding value / scale) is read as its values cast to the query's dtype:
+An FP8 cache (float8 e4m3, holding value / scale) is read as its values cast to float16 (``FP8_AS``), and
+the query and the probabilities with them, so both dots run in float16: e4m3 pairs convert to float16 in one
+instruction, to bfloat16 only through float32, and that conversion, not the halved reads, bounded the kernel;
+every e4m3 and bfloat16 query value is a float16 one (the query is clamped to float16's range first).
 ``k_scale`` is folded into the softmax scale on the host and ``v_scale`` multiplies the output.
 ``v_scale`` is None for a cache in the model's dtype, a compile-time constant like ``KV_FP8``, so that
 launch is the kernel it always was.
@@ -27,6 +30,7 @@ from infer_attention_triton.split_merge import SplitScratch, _merge_splits, _mer
 from infer_attention_triton.tiles import DecodeTiles, dot_precision, is_interpreted
 
 LOG2E = 1.4426950408889634
+_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 
 @triton.jit
@@ -74,6 +78,8 @@ def _decode_kernel(
     HAS_ORDER: tl.constexpr,
     USE_PDL: tl.constexpr,
     KV_FP8: tl.constexpr,
+    FP8_AS: tl.constexpr,  # the dtype an FP8 cache's tiles are converted to (float16; the query's to compare)
+    CLAMP_Q: tl.constexpr,  # FP8_AS is float16 and the query is not
 ):
     pdl_enter(USE_PDL)  # before any load or store: see fused/pdl.py
     # The KV heads vary fastest, then the requests in launch order: programs start roughly in that order
@@ -101,6 +107,10 @@ def _decode_kernel(
         mask=group_mask[:, None],
         other=0.0,
     )
+    if KV_FP8 and not UPCAST:
+        if CLAMP_Q:  # to float16's range
+            q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0)
+        q = q.to(FP8_AS)
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -118,7 +128,7 @@ def _decode_kernel(
         k = tl.load(k_base + rows[:, None] + dims[None, :], mask=key_mask[:, None], other=0.0)
         v = tl.load(k_base + stride_cache_kv + rows[:, None] + dims[None, :], mask=key_mask[:, None], other=0.0)
         if KV_FP8:  # exact: every e4m3 value is a bfloat16, float16 and float32 value
-            k, v = k.to(q.dtype), v.to(q.dtype)
+            k, v = k.to(FP8_AS), v.to(FP8_AS)
         if UPCAST:  # the interpreter's dot reads bfloat16 operands as raw bits: multiply in float32
             s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
@@ -182,6 +192,7 @@ def decode_attention(
     req_order: torch.Tensor | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    fp8_as: torch.dtype | None = None,
 ) -> None:
     """Attention of ``q[i]`` (``[num_seqs, num_heads, head_dim]``) over the first ``seq_lens[i]`` cached tokens.
 
@@ -192,7 +203,8 @@ def decode_attention(
     ``req_order`` (int32, a permutation of ``range(num_seqs)``): the order the requests' programs
     are launched in, longest context first (``BatchMetadata.decode_order``); it changes no bit of
     ``out``, only which programs end last. A float8 e4m3 ``kv_cache`` holds K / ``k_scale`` and
-    V / ``v_scale``; other caches ignore the scales.
+    V / ``v_scale``; other caches ignore the scales. ``fp8_as``: the dtype an FP8 cache's dots run in (None:
+    float16 for a 16-bit query, else the query's dtype).
     """
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads, page_size = kv_cache.shape[3], kv_cache.shape[2]
@@ -214,6 +226,8 @@ def decode_attention(
     merge_in_kernel = merge_in_kernel and is_split
     block_h, block_s = triton.next_power_of_2(group), triton.next_power_of_2(num_splits)
     kv_fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    if fp8_as is None:
+        fp8_as = torch.float16 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     pdl = use_pdl(q)
     _decode_kernel[(num_kv_heads, num_seqs, num_splits)](
         q,
@@ -256,7 +270,8 @@ def decode_attention(
         HAS_ORDER=req_order is not None,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
-        USE_PDL=pdl, KV_FP8=kv_fp8, launch_pdl=pdl,
+        USE_PDL=pdl, KV_FP8=kv_fp8, FP8_AS=_TL_DTYPES[fp8_as],
+        CLAMP_Q=kv_fp8 and fp8_as == torch.float16 and q.dtype != torch.float16, launch_pdl=pdl,
     )
     if is_split and not merge_in_kernel:
         _merge_splits_kernel[(num_seqs, num_kv_heads)](

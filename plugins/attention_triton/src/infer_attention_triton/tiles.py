@@ -27,12 +27,14 @@ def is_interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def decode_tiles(head_dim: int) -> DecodeTiles:
+def decode_tiles(head_dim: int, kv_fp8: bool = False) -> DecodeTiles:
+    """An FP8 cache's tiles hold half the bytes: 128 keys a step (``benchmarks/kv_fp8_decode_sweep.py``, head_dim
+    128 on an H100: 6-27% faster than 64 keys at 16-token pages)."""
     if is_interpreted():  # numpy runs every program: small tiles keep the CPU tests fast
         return DecodeTiles(block_n=16, num_warps=1, num_stages=1)
     if head_dim >= 256:
         return DecodeTiles(block_n=32, num_warps=4, num_stages=3)
-    return DecodeTiles(block_n=64, num_warps=4, num_stages=3)
+    return DecodeTiles(block_n=128 if kv_fp8 else 64, num_warps=4, num_stages=3)
 
 
 def prefill_tiles(head_dim: int, page_size: int) -> PrefillTiles:
