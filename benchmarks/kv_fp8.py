@@ -5,7 +5,7 @@ generating ``--new-tokens`` (256) greedy tokens with ``ignore_eos``, all submitt
 about 8k tokens of KV per request per step, so the bytes of the cache set the pace. One process, one engine
 at a time (each shut down and its memory returned before the next): dummy weights of ``--model``
 (Qwen3-0.6B) in bfloat16, for each row of ``--rows`` (``kv_cache_dtype:attention``; attention ``auto`` is
-the engine's own choice). Each engine runs a short warm-up batch (first-use compiles) before the timed one.
+the engine's own choice). Each engine first runs a warm-up batch of the timed one's shape (compiles).
 The KV capacity is the engine's log line ("KV cache: N blocks of B tokens = T tokens"), sized by the same
 memory profile for every row.
 
@@ -73,7 +73,9 @@ def measure(folder: str, kv_cache_dtype: str, attention: str, args: argparse.Nam
               max_model_len=args.prompt_len + args.new_tokens + 16, seed=0)
     try:
         vocab = llm.engine.config.model.vocab_size
-        run(llm, prompts(2, args.prompt_len, vocab, seed=1), 8)  # warm-up: compiles, first-use costs
+        # warm-up: the timed batch's shapes (Triton compiles a kernel variant per split count and tile; a smaller
+        # batch left some of those compiles inside the timed run: 8.09 s against 4.01 warm, H100 call P7)
+        run(llm, prompts(args.num_prompts, args.prompt_len, vocab, seed=1), 16)
         wall, generated = run(llm, prompts(args.num_prompts, args.prompt_len, vocab, seed=0), args.new_tokens)
         row = {"kv_cache_dtype": kv_cache_dtype, "attention": llm.engine.config.implementations["attention"],
                "kv_capacity_tokens": log.tokens, "kv_log_line": log.line, "wall_s": round(wall, 4),
