@@ -1,6 +1,6 @@
 """The CPU's C kernels against the torch code they replace: paged decode attention (``layers/cpu_attention.py``)
 against the torch backend's gather + SDPA, the residual add + RMSNorm and the rotary (``layers/cpu_elementwise.py``)
-against the layers' torch references."""
+and the SiLU-and-mul (``layers/cpu_activation.py``) against the layers' torch references."""
 
 from __future__ import annotations
 
@@ -103,6 +103,41 @@ def test_rotary_kernel_rotates_in_place_as_the_torch_rotary(dtype, partial):
     tolerance = 1e-6 if dtype == torch.float32 else 0.0  # bfloat16: every rounding as torch's ops round
     for got, expected in ((got_q, expected_q), (got_k, expected_k)):
         assert (got.float() - expected.float()).abs().max().item() <= tolerance
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_and_mul_kernel_is_the_torch_activation(dtype):
+    """Rows of a gate_up output (a view with a wider row stride, as a fused layer may hand it), values over silu's
+    whole range, and its edges: -inf, huge negatives (0), huge positives (x), inf, NaN."""
+    from infer_core.layers import cpu_activation
+    from infer_core.layers.activation import SiluAndMul
+
+    gen = torch.Generator().manual_seed(11)
+    wide = (torch.randn(300, 2 * 700 + 8, generator=gen) * 6).to(dtype)
+    x = wide[:, : 2 * 700]
+    x[0, :14] = torch.tensor([float("-inf"), -1e30, -100.0, -88.8, -88.7, -88.5, -88.4, -87.5, 0.0, 87.5, 88.9, 1e30,
+                              float("inf"), float("nan")])
+    library = cpu_activation.load()
+    assert cpu_activation.takes(x) and x.stride(0) == 2 * 700 + 8
+    got, expected = cpu_activation.silu_and_mul(library, x), SiluAndMul().forward_torch(x)
+    assert got.shape == expected.shape == (300, 700) and got.dtype == dtype
+    assert torch.equal(got.isnan(), expected.isnan())
+    finite = expected.isfinite()
+    assert torch.equal(got[~finite & ~expected.isnan()], expected[~finite & ~expected.isnan()])
+    g, e = got[finite].double(), expected[finite].double()
+    if dtype == torch.bfloat16:  # silu rounded to bfloat16, then the product: torch's roundings, bit for bit
+        assert torch.equal(g, e)
+    else:  # its exponential within 2 float32 ulps of the exact one, torch's within its own
+        assert ((g - e).abs() <= 1e-6 * e.abs() + 1e-30).all()
+
+
+def test_the_activation_layer_runs_the_kernel_on_the_cpu():
+    from infer_core.layers.activation import SiluAndMul
+
+    layer = SiluAndMul()
+    assert layer.cpu_kernel is not None
+    x = torch.randn(4, 64).bfloat16()
+    assert torch.equal(layer(x), layer.forward_torch(x))
 
 
 def test_without_a_working_compiler_the_layers_keep_their_torch_code(monkeypatch, caplog, tmp_path):

@@ -33,18 +33,21 @@ PTR, LONG, INT, FLOAT = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_f
 CONVERSIONS = r"""
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
+/* memcpy and selects, not unions and branches: loops over them vectorize */
 static inline float from_bf16(uint16_t x) {
-    union { uint32_t u; float f; } v;
-    v.u = (uint32_t)x << 16;
-    return v.f;
+    const uint32_t u = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
 }
 
 static inline uint16_t to_bf16(float f) {  /* round to nearest even, as torch does; NaN stays NaN */
-    union { uint32_t u; float f; } v;
-    v.f = f;
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u);
-    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint16_t rounded = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40u) : rounded;
 }
 
 static inline float from_f32(float x) { return x; }
