@@ -4,10 +4,11 @@
 # at concurrency 1 (8 requests), 8 and 32 (32 requests each); per dtype, runs alternated, load average logged.
 # vLLM's KV cache gets 4 GiB (VLLM_CPU_KVCACHE_SPACE; its own default asks for most of the memory and fails to
 # start when other processes hold some).
-# Usage: MODEL=/path/to/smollm2-st VLLM_VENV=/path/to/venv OUT=dir RUNS=2 bash benchmarks/cpu_serve_peer.sh
+# Usage: MODEL=/path/to/smollm2-st VLLM_VENV=/path/to/venv OUT=dir RUNS=2 [DTYPES=bfloat16] bash benchmarks/cpu_serve_peer.sh
 set -u
 : "${MODEL:?}" "${VLLM_VENV:?}" "${OUT:?}"
 RUNS=${RUNS:-2}
+DTYPES=${DTYPES:-"bfloat16 float32"}
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 mkdir -p "$OUT"
 echo -20 > /proc/self/autogroup 2>/dev/null && echo "autogroup nice -20" || echo "autogroup nice unchanged"
@@ -29,7 +30,7 @@ wait_ready() {  # port pid
   return 1
 }
 for run in $(seq "$RUNS"); do
-  for dtype in bfloat16 float32; do
+  for dtype in $DTYPES; do
     echo "=== run $run $dtype, $(date -u +%H:%M:%S), load $(cut -d' ' -f1-3 /proc/loadavg)"
     (cd /tmp && exec python -m infer_core.cli serve --model "$MODEL" --dtype $dtype --port 8411) > "$OUT/infer-$run-$dtype-server.log" 2>&1 &
     pid=$!; start=$(date +%s.%N)
