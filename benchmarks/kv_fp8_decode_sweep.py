@@ -1,5 +1,7 @@
-"""The Triton decode kernel over an FP8 cache against itself over bfloat16 and flash-attn: which conversion and
-tiles make the halved reads pay (issue 26: FP8 KV was slower than a bfloat16 cache on the same kernel).
+"""The Triton decode kernel over an FP8 cache against itself over bfloat16 and flash-attn: which tiles make the
+halved reads pay (issue 26: FP8 KV was slower than a bfloat16 cache on the same kernel). The bfloat16-dot rows of
+call P3 (``benchmarks/results/gpu-calls-2026-11-27c/``) came from this script at 23e9fa4, when the kernel took that
+choice as an argument.
 
 Two cells, one GPU, the same run: the offline workload's decode (256 requests, contexts drawn from 200-2,000
 tokens, Qwen3-8B's 32 query and 8 KV heads) and the long-context one (32 requests of 8,000 tokens, Qwen3-0.6B's
@@ -65,7 +67,7 @@ def main() -> None:
         scale = HEAD_DIM**-0.5
         reference = None
 
-        def run(system, cache, page, tbl, tiles, fp8_as=None, splits=None):
+        def run(system, cache, page, tbl, tiles, splits=None):
             nonlocal reference
             splits = splits or choose_num_splits(batch, num_kv_heads, max_len, num_sms, tiles.block_n)
             scratch = SplitScratch.allocate(batch, num_heads, splits, HEAD_DIM, "cuda")
@@ -74,14 +76,14 @@ def main() -> None:
 
             def fn():
                 decode_attention(q, view, tbl, seq_lens, out, scale=scale, num_splits=splits, tiles=tiles,
-                                 scratch=scratch, fp8_as=fp8_as)
+                                 scratch=scratch)
 
             fn()
             ms = bench_ms(fn)
             if reference is None:
                 reference = out.float().clone()
             row = {"cell": name, "system": system, "page": page, "block_n": tiles.block_n, "warps": tiles.num_warps,
-                   "stages": tiles.num_stages, "splits": splits, "fp8_as": str(fp8_as).replace("torch.", ""),
+                   "stages": tiles.num_stages, "splits": splits,
                    "time_us": round(ms * 1e3, 1),
                    "gb_s": round(kv_bytes * cache.element_size() / (ms * 1e-3) / 1e9, 1),
                    "max_diff": round(float((out.float() - reference).abs().max()), 5)}
@@ -101,11 +103,8 @@ def main() -> None:
                          "max_diff": round(float((flash().squeeze(1).float() - reference).abs().max()), 5)})
             print(json.dumps(rows[-1]), flush=True)
         for page, tbl in ((16, table16), (PAGE, table)):
-            for fp8_as in (torch.bfloat16, torch.float16):
-                run("fp8", fp8, page, tbl, default, fp8_as)
             for block_n, warps, stages in itertools.product((64, 128), (4, 8), (2, 3, 4)):
-                if (block_n, warps, stages) != (default.block_n, default.num_warps, default.num_stages):
-                    run("fp8", fp8, page, tbl, DecodeTiles(block_n, warps, stages), torch.float16)
+                run("fp8", fp8, page, tbl, DecodeTiles(block_n, warps, stages))
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
 

@@ -30,7 +30,6 @@ from infer_attention_triton.split_merge import SplitScratch, _merge_splits, _mer
 from infer_attention_triton.tiles import DecodeTiles, dot_precision, is_interpreted
 
 LOG2E = 1.4426950408889634
-_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 
 @triton.jit
@@ -78,7 +77,7 @@ def _decode_kernel(
     HAS_ORDER: tl.constexpr,
     USE_PDL: tl.constexpr,
     KV_FP8: tl.constexpr,
-    FP8_AS: tl.constexpr,  # the dtype an FP8 cache's tiles are converted to (float16; the query's to compare)
+    FP8_AS: tl.constexpr,  # the dtype an FP8 cache's tiles are converted to: float16, or a float32 query's
     CLAMP_Q: tl.constexpr,  # FP8_AS is float16 and the query is not
 ):
     pdl_enter(USE_PDL)  # before any load or store: see fused/pdl.py
@@ -192,7 +191,6 @@ def decode_attention(
     req_order: torch.Tensor | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
-    fp8_as: torch.dtype | None = None,
 ) -> None:
     """Attention of ``q[i]`` (``[num_seqs, num_heads, head_dim]``) over the first ``seq_lens[i]`` cached tokens.
 
@@ -203,8 +201,7 @@ def decode_attention(
     ``req_order`` (int32, a permutation of ``range(num_seqs)``): the order the requests' programs
     are launched in, longest context first (``BatchMetadata.decode_order``); it changes no bit of
     ``out``, only which programs end last. A float8 e4m3 ``kv_cache`` holds K / ``k_scale`` and
-    V / ``v_scale``; other caches ignore the scales. ``fp8_as``: the dtype an FP8 cache's dots run in (None:
-    float16 for a 16-bit query, else the query's dtype).
+    V / ``v_scale``; other caches ignore the scales.
     """
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads, page_size = kv_cache.shape[3], kv_cache.shape[2]
@@ -226,8 +223,7 @@ def decode_attention(
     merge_in_kernel = merge_in_kernel and is_split
     block_h, block_s = triton.next_power_of_2(group), triton.next_power_of_2(num_splits)
     kv_fp8 = kv_cache.dtype == torch.float8_e4m3fn
-    if fp8_as is None:
-        fp8_as = torch.float16 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    fp8_as = tl.float32 if q.dtype == torch.float32 else tl.float16  # an FP8 cache's dots (see above)
     pdl = use_pdl(q)
     _decode_kernel[(num_kv_heads, num_seqs, num_splits)](
         q,
@@ -270,8 +266,8 @@ def decode_attention(
         HAS_ORDER=req_order is not None,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
-        USE_PDL=pdl, KV_FP8=kv_fp8, FP8_AS=_TL_DTYPES[fp8_as],
-        CLAMP_Q=kv_fp8 and fp8_as == torch.float16 and q.dtype != torch.float16, launch_pdl=pdl,
+        USE_PDL=pdl, KV_FP8=kv_fp8, FP8_AS=fp8_as,
+        CLAMP_Q=kv_fp8 and q.dtype == torch.bfloat16, launch_pdl=pdl,
     )
     if is_split and not merge_in_kernel:
         _merge_splits_kernel[(num_seqs, num_kv_heads)](

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_quant_w8a8.quantize import MIN_SCALE, TORCH_DTYPES, reciprocal_max
+from infer_quant_w8a8.quantize import MIN_SCALE, RECIPROCAL_MAX, TORCH_DTYPES
 from infer_quant_w8a8.schemes import ActivationFormat, QuantDtype
 
 BLOCK_K = 1024  # columns a program holds at once (a row or group is walked in such tiles)
@@ -85,7 +85,7 @@ def quantize_activations_fused(x: torch.Tensor, fmt: ActivationFormat) -> tuple[
     if m:
         block = min(BLOCK_K, triton.next_power_of_2(group_len))
         _quantize_rows[(m, num_groups)](x, q, scale, k, group_len, num_groups, x.stride(0), q.stride(0),
-                                        QMAX=float(fmt.dtype.max_value), INV_QMAX=reciprocal_max(fmt.dtype),
+                                        QMAX=float(fmt.dtype.max_value), INV_QMAX=RECIPROCAL_MAX[fmt.dtype],
                                         MIN_S=MIN_SCALE,
                                         IS_INT8=fmt.dtype is QuantDtype.INT8, BLOCK=block)
     return q, scale

@@ -17,10 +17,8 @@ from infer_quant_w8a8.schemes import ActivationFormat, LinearScheme, QuantDtype,
 # The smallest scale: a row (or group) of zeros quantizes to zeros, with no division by zero.
 MIN_SCALE = 1e-12
 
-
-def reciprocal_max(dtype: QuantDtype) -> float:
-    """``1 / dtype.max_value`` rounded to float32 (as a Python float, exactly that value)."""
-    return torch.tensor(1.0 / dtype.max_value, dtype=torch.float32).item()
+# ``1 / max_value`` rounded to float32, per type (a Python float holding exactly that value)
+RECIPROCAL_MAX = {dtype: torch.tensor(1.0 / dtype.max_value, dtype=torch.float32).item() for dtype in QuantDtype}
 
 TORCH_DTYPES = {QuantDtype.INT8: torch.int8, QuantDtype.FP8: torch.float8_e4m3fn}
 
@@ -74,7 +72,7 @@ def quantize_activations(x: torch.Tensor, fmt: ActivationFormat,
         scale = static_scale.float().reshape(1, 1)
         return to_quantized(x.float() / scale, fmt.dtype), scale
     grouped = _grouped(x.float(), fmt.group_k)
-    scale = (grouped.abs().amax(dim=-1) * reciprocal_max(fmt.dtype)).clamp_(min=MIN_SCALE)
+    scale = (grouped.abs().amax(dim=-1) * RECIPROCAL_MAX[fmt.dtype]).clamp_(min=MIN_SCALE)
     q = to_quantized(grouped / scale[..., None], fmt.dtype).flatten(1)[:, : x.shape[1]]
     return q, scale
 
