@@ -5,9 +5,11 @@ Shapes: Qwen3-30B-A3B (128 experts, top-8, hidden 2048, experts of 768) and Mixt
 hidden 4096, experts of 14336), bfloat16, one random routing per token count. Systems, each a CUDA-graph replay
 (no host launch cost), median of 50, L2 flushed before each:
 
-- ``fused``: what the layer runs from its router logits: the one-launch router, the grouping by expert, the
-  gate_up grouped GEMM (with SiLU-and-mul), the down grouped GEMM (with the routing weight), the top-k sum;
-- ``experts-only``: the two grouped GEMMs and the sum, the routing and grouping done before;
+- ``fused``: what the layer runs from its router logits: the one-launch router, then at decode sizes
+  (``moe_gemv.use_moe_gemv``) the two GEMV launches over the entries, else the grouping by expert, the gate_up
+  grouped GEMM (with SiLU-and-mul) and the down grouped GEMM (with the routing weight); the top-k sum;
+- ``grouped``: the router and the grouped path at every size (the decode sizes' alternative);
+- ``experts-only``: ``fused`` without its router (and grouping), done before;
 - ``loop``: for every expert that got tokens, a gather of its tokens, ``F.linear`` for gate_up and down (cuBLAS),
   SiLU-and-mul, the weight, ``index_add_`` (the routing read on the host before the capture, as an eager loop
   must each step).
@@ -51,6 +53,7 @@ def systems(shape: MoEShape, num_tokens: int, gen: torch.Generator):
     """(name -> callable, active experts) for one routing of ``num_tokens`` random tokens."""
     from infer_core.layers.fused.moe_align import MAX_ENTRIES, moe_align
     from infer_core.layers.fused.moe_gemm import choose_tiles, fused_experts
+    from infer_core.layers.fused.moe_gemv import moe_gemv_experts, use_moe_gemv
     from infer_core.layers.fused.moe_route import moe_route
 
     e, h, i = shape.num_experts, shape.hidden, shape.intermediate
@@ -62,13 +65,23 @@ def systems(shape: MoEShape, num_tokens: int, gen: torch.Generator):
     tiles = choose_tiles(ids.numel(), e)
     align = moe_align if ids.numel() <= MAX_ENTRIES else align_by_expert
 
-    def fused():
+    gemv = use_moe_gemv(num_tokens, shape.top_k, e)
+
+    def grouped():
         w, d = moe_route(logits, shape.top_k, True)
         return fused_experts(x, gate_up, down, w, align(d, e, tiles.block_m), tiles)
+
+    def fused():
+        if not gemv:
+            return grouped()
+        w, d = moe_route(logits, shape.top_k, True)
+        return moe_gemv_experts(x, gate_up, down, w, d)
 
     blocks = align(ids, e, tiles.block_m)
 
     def experts_only():
+        if gemv:
+            return moe_gemv_experts(x, gate_up, down, weights, ids)
         return fused_experts(x, gate_up, down, weights, blocks, tiles)
 
     per_expert = []
@@ -83,7 +96,7 @@ def systems(shape: MoEShape, num_tokens: int, gen: torch.Generator):
             out.index_add_(0, tokens, (F.linear(F.silu(gate) * up, down[expert]) * w).to(x.dtype))
         return out
 
-    return {"fused": fused, "experts-only": experts_only, "loop": loop}, len(per_expert)
+    return {"fused": fused, "grouped": grouped, "experts-only": experts_only, "loop": loop}, len(per_expert)
 
 
 def main() -> None:
@@ -96,7 +109,7 @@ def main() -> None:
     tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else TOKENS
     copy_bw = copy_bandwidth()
     print(f"copy bandwidth {copy_bw / 1e9:.0f} GB/s; times are CUDA-graph replays, L2 flushed")
-    print(f"{'model':<14} {'T':>5} {'active':>6} | {'fused us':>9} {'experts us':>10} {'loop us':>9} | "
+    print(f"{'model':<14} {'T':>5} {'active':>6} | {'fused us':>9} {'grouped us':>10} {'experts us':>10} {'loop us':>9} | "
           f"{'floor us':>8} {'share':>5} {'vs loop':>7}")
     results = []
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -110,7 +123,8 @@ def main() -> None:
                    **{f"{name}_us": t for name, t in times.items()}, "floor_us": floor_us,
                    "floor_share": floor_us / times["fused"], "speedup_vs_loop": times["loop"] / times["fused"]}
             results.append(row)
-            print(f"{shape.name:<14} {num_tokens:>5} {active:>6} | {times['fused']:>9.1f} {times['experts-only']:>10.1f} "
+            print(f"{shape.name:<14} {num_tokens:>5} {active:>6} | {times['fused']:>9.1f} {times['grouped']:>10.1f} "
+                  f"{times['experts-only']:>10.1f} "
                   f"{times['loop']:>9.1f} | {floor_us:>8.1f} {row['floor_share']:>5.2f} {row['speedup_vs_loop']:>6.2f}x",
                   flush=True)
     settings = {"dtype": "bfloat16", "tokens": list(tokens), "copy_bandwidth_gb_s": copy_bw / 1e9, **versions()}

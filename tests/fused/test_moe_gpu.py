@@ -47,3 +47,24 @@ def test_one_launch_router_and_grouping_on_cuda(num_tokens):
     got, want = moe_align(ids, EXPERTS, 16), align_by_expert(ids, EXPERTS, 16)
     assert torch.equal(got.sorted_ids, want.sorted_ids) and torch.equal(got.expert_ids, want.expert_ids)
     assert torch.equal(got.num_padded, want.num_padded)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 2, 4])
+def test_decode_gemv_experts_at_qwen3_30b_a3b_shapes(num_tokens):
+    from infer_core.layers.fused.moe_gemv import moe_gemv_experts, use_moe_gemv
+
+    assert use_moe_gemv(num_tokens, TOP_K, EXPERTS)
+    generator = torch.Generator(device="cuda").manual_seed(100 + num_tokens)
+    gate_up = (torch.randn(EXPERTS, 2 * INTER, HIDDEN, device="cuda", generator=generator) * HIDDEN**-0.5).bfloat16()
+    down = (torch.randn(EXPERTS, HIDDEN, INTER, device="cuda", generator=generator) * INTER**-0.5).bfloat16()
+    x = torch.randn(num_tokens, HIDDEN, device="cuda", generator=generator).bfloat16()
+    weights, ids = route(torch.randn(num_tokens, EXPERTS, device="cuda", generator=generator), TOP_K, True)
+    out = moe_gemv_experts(x, gate_up, down, weights, ids)
+    expected = experts_torch(x.float(), gate_up.float(), down.float(), weights, ids)
+    error = float((out.float() - expected).norm() / expected.norm())
+    assert error < 1e-2, f"{num_tokens} tokens: off the float32 reference by {error:.2e}"
+    graph = torch.cuda.CUDAGraph()  # no host sync: the launches capture, and a replay gives the same bits
+    with torch.cuda.graph(graph):
+        captured = moe_gemv_experts(x, gate_up, down, weights, ids)
+    graph.replay()
+    assert torch.equal(captured, out)

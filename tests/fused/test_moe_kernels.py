@@ -138,3 +138,67 @@ def test_the_router_reads_bfloat16_logits(device):
     want_weights, want_ids = route(logits, 4, True)
     assert torch.equal(ids.long(), want_ids)
     torch.testing.assert_close(weights, want_weights, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_tokens,num_experts,top_k,hidden,inter", [
+    (1, 4, 2, 48, 40),  # K tails on both launches (48 and 40 columns: no power of two)
+    (2, 16, 4, 64, 32),  # two tokens, possibly sharing an expert
+    (1, 8, 8, 32, 96),  # every expert routed
+])
+def test_decode_gemv_experts_match_the_torch_path(dtype, num_tokens, num_experts, top_k, hidden, inter, device):
+    from infer_core.layers.fused.moe_gemv import moe_gemv_experts
+
+    gate_up, down = _experts(num_experts, hidden, inter, dtype, device, num_tokens + hidden)
+    x = torch.randn(num_tokens, hidden, generator=torch.Generator().manual_seed(8)).to(device, dtype)
+    weights, ids = _routing(num_tokens, num_experts, top_k, True, device, hidden)
+    out = moe_gemv_experts(x, gate_up, down, weights, ids)
+    assert out.shape == x.shape and out.dtype == dtype
+    expected = experts_torch(x.float(), gate_up.float(), down.float(), weights, ids)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    else:
+        error = float((out.float() - expected).norm() / expected.norm())
+        assert error < 1e-2, f"bfloat16 experts off the float32 reference by {error:.2e}"
+
+
+def test_decode_gemv_entries_of_other_ranks_count_as_zero(device):
+    from infer_core.layers.fused.moe_gemv import moe_gemv_experts
+
+    gate_up, down = _experts(4, 32, 16, torch.float32, device, 5)
+    x = torch.randn(2, 32, generator=torch.Generator().manual_seed(4)).to(device)
+    weights, ids = _routing(2, 6, 3, False, device, 9)
+    local = torch.where(ids < 4, ids, 4)  # ids 4 and 5: experts of another rank
+    assert bool((local == 4).any()) and bool((local < 4).any())
+    out = moe_gemv_experts(x, gate_up, down, weights, local)
+    torch.testing.assert_close(out, experts_torch(x, gate_up, down, weights, local), rtol=1e-5, atol=1e-5)
+    nowhere = moe_gemv_experts(x, gate_up, down, weights, torch.full_like(ids, 4))
+    assert bool((nowhere == 0).all())
+
+
+def test_decode_gemv_takes_one_token_or_few_entries_among_many_experts():
+    from infer_core.layers.fused.moe_gemv import MAX_ENTRIES, use_moe_gemv
+
+    assert use_moe_gemv(1, 8, 128) and use_moe_gemv(4, 8, 128) and not use_moe_gemv(5, 8, 128)  # 40 > 32 entries
+    assert use_moe_gemv(1, 2, 8) and not use_moe_gemv(2, 2, 8)  # Mixtral: two tokens would share experts
+    assert not use_moe_gemv(0, 8, 128) and not use_moe_gemv(1, MAX_ENTRIES + 1, 1024)
+
+
+def test_the_method_runs_the_gemv_at_decode_sizes(device, triton_on_cpu, monkeypatch):
+    from infer_core.layers.fused import moe_align, moe_gemm
+
+    layer = torch.nn.Module()
+    layer.num_experts = layer.num_local_experts = 16
+    method = UnquantizedMoEMethod()
+    with torch.device(device):
+        method.create_weights(layer, 16, 32, 24, torch.float32)
+    layer.gate_up_proj.data, layer.down_proj.data = _experts(16, 32, 24, torch.float32, device, 6)
+    grouped = []
+    monkeypatch.setattr(moe_gemm, "fused_experts", lambda *a, **kw: grouped.append(1))
+    monkeypatch.setattr(moe_align, "moe_align", lambda *a, **kw: grouped.append(1))
+    for num_tokens in (1, 2):
+        x = torch.randn(num_tokens, 32, generator=torch.Generator().manual_seed(num_tokens)).to(device)
+        weights, ids = _routing(num_tokens, 16, 2, True, device, num_tokens)
+        expected = experts_torch(x, layer.gate_up_proj, layer.down_proj, weights, ids)
+        torch.testing.assert_close(method.apply(layer, x, weights, ids), expected, rtol=1e-5, atol=1e-5)
+    assert grouped == []

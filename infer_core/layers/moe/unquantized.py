@@ -44,8 +44,9 @@ class UnquantizedMoEMethod(MoEMethod):
     up rows) and ``down_proj`` [experts, hidden, intermediate], in the model dtype.
 
     The kernel is chosen when the weights are created, from the device they are created on (``fused.runs_triton``):
-    the grouped GEMMs (``fused/moe_gemm.py``, the entries grouped by expert in one launch at decode sizes,
-    ``fused/moe_align.py``; no host sync, so decode steps replay as CUDA graphs), or :func:`experts_torch`.
+    the grouped GEMMs (``fused/moe_gemm.py``, the entries grouped by expert in one launch, ``fused/moe_align.py``),
+    or at decode sizes two GEMV launches over the entries (``fused/moe_gemv.py``), neither with a host sync, so
+    decode steps replay as CUDA graphs; or :func:`experts_torch`.
     """
 
     def __init__(self) -> None:
@@ -62,7 +63,10 @@ class UnquantizedMoEMethod(MoEMethod):
             return experts_torch(x, layer.gate_up_proj, layer.down_proj, topk_weights, topk_ids)
         from infer_core.layers.fused import moe_align
         from infer_core.layers.fused.moe_gemm import choose_tiles, fused_experts
+        from infer_core.layers.fused.moe_gemv import moe_gemv_experts, use_moe_gemv
 
+        if use_moe_gemv(topk_ids.shape[0], topk_ids.shape[1], layer.num_experts):  # decode: a read of the experts
+            return moe_gemv_experts(x, layer.gate_up_proj, layer.down_proj, topk_weights, topk_ids)
         num_experts = layer.gate_up_proj.shape[0]
         tiles = choose_tiles(topk_ids.numel(), num_experts)
         if topk_ids.numel() <= moe_align.MAX_ENTRIES:  # one launch; prefill-sized steps take the torch ops

@@ -1,0 +1,160 @@
+"""The experts of a mixture-of-experts layer at decode sizes: two GEMV launches over the (token, k) entries, no grouping.
+
+At a token or two a step, each routed expert meets one entry: its weights are read once and multiplied by one
+row, so the layer is a read of the routed experts' bytes. The grouped GEMMs (``moe_gemm.py``) pad each entry to
+a ``BLOCK_M``-row block, launch the grouping first, and give each block's weight tile to a few programs; here,
+as in the dense GEMV (``gemv.py``), each program owns ``BLOCK_N`` rows of one entry's expert and walks the
+whole of K, reading the entry's expert id on the device (no grouping, no host sync: a CUDA graph replays it for
+any routing):
+
+- gate_up: program (entry, column block) sums ``x[token] . W_gate[e, j]`` and ``x[token] . W_up[e, j]`` for its
+  columns ``j`` and stores ``silu(gate) * up``, rounded once to the model dtype, as the entry's intermediate row;
+- down: program (entry, column block) sums the entry's intermediate row against ``W_down[e, j]``, multiplies by
+  the entry's routing weight and stores the entry's output row, rounded once;
+
+then the top-k rows of each token are summed in float32 and rounded once (torch's ``sum``), as the grouped path
+does. An entry whose expert is another rank's (id ``num_local``) computes nothing and its output row is zero.
+
+Tiles come from the dense GEMV's rule (``gemv_tiles.choose_config``) on the launch's whole output (entries x
+columns); the gate_up program loads a gate and an up tile each K step, so it runs at twice the warps (or half
+the K step where the tile already takes 8). Where two entries share an expert (more tokens, few experts) its
+weights are read twice: :func:`use_moe_gemv` says where that does not happen or costs little.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from infer_core.layers.fused import use_pdl
+from infer_core.layers.fused.gemv_tiles import GemvConfig, choose_config, num_sms
+from infer_core.layers.fused.pdl import pdl_enter
+
+MAX_ENTRIES = 32  # decode steps: more entries run the grouped GEMMs
+
+
+def use_moe_gemv(num_tokens: int, top_k: int, num_experts: int) -> bool:
+    """Whether a step of ``num_tokens`` runs these GEMVs: one token (its top-k experts are distinct, so each is
+    read once), or few entries among many experts (sharing an expert, re-read from L2 or at worst once more, is
+    rare), up to ``MAX_ENTRIES``."""
+    num_entries = num_tokens * top_k
+    return 0 < num_entries <= MAX_ENTRIES and (num_tokens == 1 or 4 * num_entries <= num_experts)
+
+
+@triton.jit
+def _load_tile(ptrs, k, K, EVEN_K: tl.constexpr):
+    if EVEN_K:
+        return tl.load(ptrs).to(tl.float32)
+    return tl.load(ptrs, mask=(k < K)[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _load_row(ptr, k, K, EVEN_K: tl.constexpr):
+    if EVEN_K:
+        return tl.load(ptr + k).to(tl.float32)
+    return tl.load(ptr + k, mask=k < K, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, w_ptr, ids_ptr, out_ptr, num_local, I, K, stride_xm, stride_we, stride_wn, stride_om,
+                    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                    NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr):
+    """``out[e, j] = silu(x[e // TOP_K] . W[id(e), j]) * (x[e // TOP_K] . W[id(e), I + j])`` for this block's j."""
+    entry = tl.program_id(0)
+    pdl_enter(USE_PDL)  # the ids are the router's output: wait for it before any load
+    expert = tl.load(ids_ptr + entry).to(tl.int64)
+    if expert >= num_local:  # another rank's expert: the down launch zeroes the entry's output
+        return
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.minimum(cols, I - 1).to(tl.int64)  # past I: row I-1 again, never stored
+    offs_k = tl.arange(0, BLOCK_K)
+    gate_ptrs = w_ptr + expert * stride_we + (rows * stride_wn)[:, None] + offs_k[None, :]
+    up_ptrs = gate_ptrs + I * stride_wn
+    x_row = x_ptr + (entry // TOP_K).to(tl.int64) * stride_xm
+    gate = tl.zeros([BLOCK_N], dtype=tl.float32)
+    up = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        k = k0 + offs_k
+        xk = _load_row(x_row, k, K, EVEN_K)
+        gate += tl.sum(_load_tile(gate_ptrs, k, K, EVEN_K) * xk[None, :], axis=1)
+        up += tl.sum(_load_tile(up_ptrs, k, K, EVEN_K) * xk[None, :], axis=1)
+        gate_ptrs += BLOCK_K
+        up_ptrs += BLOCK_K
+    act = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(out_ptr + entry.to(tl.int64) * stride_om + cols, act.to(out_ptr.dtype.element_ty), mask=cols < I)
+
+
+@triton.jit
+def _down_kernel(a_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, num_local, H, K, stride_am, stride_we, stride_wn,
+                 stride_om, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                 NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr):
+    """``out[e, j] = weight[e] * (a[e] . W[id(e), j])`` for this block's j; zero for another rank's expert."""
+    entry = tl.program_id(0)
+    pdl_enter(USE_PDL)
+    expert = tl.load(ids_ptr + entry).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    out_ptrs = out_ptr + entry.to(tl.int64) * stride_om + cols
+    if expert >= num_local:
+        tl.store(out_ptrs, tl.zeros([BLOCK_N], dtype=out_ptr.dtype.element_ty), mask=cols < H)
+        return
+    rows = tl.minimum(cols, H - 1).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + expert * stride_we + (rows * stride_wn)[:, None] + offs_k[None, :]
+    a_row = a_ptr + entry.to(tl.int64) * stride_am
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        k = k0 + offs_k
+        acc += tl.sum(_load_tile(w_ptrs, k, K, EVEN_K) * _load_row(a_row, k, K, EVEN_K)[None, :], axis=1)
+        w_ptrs += BLOCK_K
+    acc = acc * tl.load(weights_ptr + entry)
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=cols < H)
+
+
+def gate_up_tiles(num_entries: int, inter: int, hidden: int, element_size: int, sms: int) -> GemvConfig:
+    """The dense GEMV's tiles for ``num_entries * inter`` columns of K ``hidden``, for a program that loads a gate
+    and an up tile each K step: twice the warps, or (at 8 warps already) half the K step."""
+    cfg = choose_config(num_entries * inter, hidden, element_size, sms)
+    if cfg.num_warps < 8:
+        return GemvConfig(cfg.block_n, cfg.block_k, 2 * cfg.num_warps, cfg.num_stages)
+    return GemvConfig(cfg.block_n, max(16, cfg.block_k // 2), cfg.num_warps, cfg.num_stages)
+
+
+def moe_gemv_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
+                     topk_ids: torch.Tensor) -> torch.Tensor:
+    """``sum_k topk_weights[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t]))`` with ``e = topk_ids[t, k]``.
+
+    ``x`` [T, H]; ``gate_up`` [E, 2I, H] (gate rows, then up rows); ``down`` [E, H, I]; ``topk_weights``
+    [T, top_k] float32; ``topk_ids`` [T, top_k], ids from ``E`` on naming experts of other ranks (zero here).
+    """
+    num_tokens, top_k = topk_ids.shape
+    num_experts, two_inter, hidden = gate_up.shape
+    inter = two_inter // 2
+    if x.shape != (num_tokens, hidden) or down.shape != (num_experts, hidden, inter) or two_inter != 2 * inter:
+        raise ValueError(f"x {tuple(x.shape)}, gate_up {tuple(gate_up.shape)}, down {tuple(down.shape)} and topk_ids "
+                         f"{tuple(topk_ids.shape)} do not fit: gate_up must be [E, 2I, H] and down [E, H, I] for x "
+                         "[T, H]")
+    if gate_up.stride(2) != 1 or down.stride(2) != 1:
+        raise ValueError("the MoE GEMV reads weight rows as contiguous: pass contiguous expert weights")
+    x = x if x.stride(1) == 1 else x.contiguous()
+    num_entries = num_tokens * top_k
+    ids = topk_ids.reshape(-1)
+    weights = topk_weights.reshape(-1).to(torch.float32)
+    per_entry = torch.empty((num_entries, hidden), dtype=x.dtype, device=x.device)
+    if num_entries == 0:
+        return per_entry.view(num_tokens, top_k, hidden).sum(dim=1)
+    inter_rows = torch.empty((num_entries, inter), dtype=x.dtype, device=x.device)
+    sms = num_sms(x.device)
+    pdl = use_pdl(x)
+    cfg = gate_up_tiles(num_entries, inter, hidden, gate_up.element_size(), sms)
+    _gate_up_kernel[(num_entries, triton.cdiv(inter, cfg.block_n))](
+        x, gate_up, ids, inter_rows, num_experts, inter, hidden, x.stride(0), gate_up.stride(0), gate_up.stride(1),
+        inter_rows.stride(0), TOP_K=top_k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=hidden % cfg.block_k == 0,
+        NUM_STAGES=cfg.num_stages, USE_PDL=pdl, launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    cfg = choose_config(num_entries * hidden, inter, down.element_size(), sms)
+    _down_kernel[(num_entries, triton.cdiv(hidden, cfg.block_n))](
+        inter_rows, down, ids, weights, per_entry, num_experts, hidden, inter, inter_rows.stride(0), down.stride(0),
+        down.stride(1), per_entry.stride(0), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        EVEN_K=inter % cfg.block_k == 0, NUM_STAGES=cfg.num_stages, USE_PDL=pdl, launch_pdl=pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return per_entry.view(num_tokens, top_k, hidden).sum(dim=1, dtype=torch.float32).to(x.dtype)
