@@ -1,10 +1,9 @@
 """Tiles of the decode-size MoE GEMVs (``fused/moe_gemv.py``) at Qwen3-30B-A3B's shapes: each launch alone, per tile.
 
 For 1, 2 and 4 tokens (top-8 of 128 experts, hidden 2048, experts of 768, bfloat16, one random routing), times
-each candidate tile of the gate_up launch and of the down launch (which sums each token's top-k entries too) as
-a CUDA-graph replay (L2 flushed, median of 50), beside the bytes each reads over the copy bandwidth; and the
-top-k sum as the grouped path runs it (torch's float32 sum, then the cast). The first tile of each list is the
-one ``moe_gemv`` chooses.
+each candidate tile of the gate_up launch and of the down launch as a CUDA-graph replay (L2 flushed, median of
+50), beside the bytes each reads over the copy bandwidth; and the top-k sum as the layer runs it (torch's float32
+sum, then the cast). The first tile of each list is the one ``moe_gemv`` chooses.
 
     python -m benchmarks.moe_gemv_sweep --out DIR
 """
@@ -48,10 +47,9 @@ def main() -> None:
         entries = ids.numel()
         active = len(torch.unique(ids))
         inter = torch.empty(entries, I, device="cuda", dtype=torch.bfloat16)
-        out = torch.empty(num_tokens, H, device="cuda", dtype=torch.bfloat16)
-        per_entry = torch.empty(entries, H, device="cuda", dtype=torch.bfloat16)  # the grouped path's, for its sum
+        per_entry = torch.empty(entries, H, device="cuda", dtype=torch.bfloat16)
         chosen_gu = gate_up_tiles(entries, I, H, 2, sms)
-        chosen_dn = choose_config(num_tokens * H, I, 2, sms)
+        chosen_dn = choose_config(entries * H, I, 2, sms)
         candidates = {"gate_up": [(chosen_gu.block_n, chosen_gu.block_k, chosen_gu.num_warps, chosen_gu.num_stages)]
                       + GATE_UP, "down": [(chosen_dn.block_n, chosen_dn.block_k, chosen_dn.num_warps,
                                            chosen_dn.num_stages)] + DOWN}
@@ -70,12 +68,12 @@ def main() -> None:
                         return inter
                 else:
                     def run(cfg=cfg):
-                        _down_kernel[(num_tokens, triton.cdiv(H, cfg.block_n))](
-                            inter, down, ids, weights, out, E, H, I, inter.stride(0), down.stride(0),
-                            down.stride(1), out.stride(0), TOP_K=TOP_K, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                        _down_kernel[(entries, triton.cdiv(H, cfg.block_n))](
+                            inter, down, ids, weights, per_entry, E, H, I, inter.stride(0), down.stride(0),
+                            down.stride(1), per_entry.stride(0), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                             EVEN_K=I % cfg.block_k == 0, NUM_STAGES=cfg.num_stages, USE_PDL=True, launch_pdl=True,
                             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-                        return out
+                        return per_entry
                 got = run().clone()
                 want = got if want is None else want
                 same = bool(torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2))
