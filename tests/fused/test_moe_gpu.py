@@ -49,7 +49,7 @@ def test_one_launch_router_and_grouping_on_cuda(num_tokens):
     assert torch.equal(got.num_padded, want.num_padded)
 
 
-@pytest.mark.parametrize("num_tokens", [1, 2, 4])
+@pytest.mark.parametrize("num_tokens", [1, 2])
 def test_decode_gemv_experts_at_qwen3_30b_a3b_shapes(num_tokens):
     from infer_core.layers.fused.moe_gemv import moe_gemv_experts, use_moe_gemv
 
