@@ -134,8 +134,10 @@ def test_gpu_busy_is_the_union_of_device_activity_inside_the_window():
     assert breakdown["wall_ms_per_step"] == pytest.approx(0.05)
     assert breakdown["host_ranges"]["infer.forward"] == {"count": 2, "ms_per_step": 0.03}
     assert breakdown["gpu_busy_ms_per_step"] == pytest.approx((25 + 5) / 2e3)
-    assert breakdown["gpu_idle_ms_per_step"] == pytest.approx((100 - 30) / 2e3)
-    assert breakdown["gpu_busy_fraction"] == pytest.approx(0.3)
+    # the window opens drained: the 10 us before the first kernel are the lead-in, not idle time
+    assert breakdown["gpu_lead_in_ms"] == pytest.approx(0.010)
+    assert breakdown["gpu_idle_ms_per_step"] == pytest.approx((90 - 30) / 2e3)
+    assert breakdown["gpu_busy_fraction"] == pytest.approx(30 / 90, abs=1e-4)  # rounded to 4 places
     assert breakdown["top_kernels"] == [  # GPU time per step, clipped to the window, most first
         {"name": "gemm", "calls_per_step": 0.5, "us_per_step": 10.0},
         {"name": "rmsnorm", "calls_per_step": 0.5, "us_per_step": 5.0},
@@ -148,11 +150,12 @@ def test_summarize_trace_splits_idle_into_kernel_gaps_and_host_waits():
 
     events = [
         {"cat": "user_annotation", "name": "infer.bench.window", "ts": 0.0, "dur": 200.0},
-        {"cat": "kernel", "name": "a", "ts": 2.0, "dur": 20.0},  # 2 us after the window opens: short
-        {"cat": "kernel", "name": "b", "ts": 25.0, "dur": 20.0},  # 3 us after a: short
-        {"cat": "kernel", "name": "c", "ts": 145.0, "dur": 50.0},  # 100 us after b: the host was late
+        {"cat": "kernel", "name": "a", "ts": 30.0, "dur": 20.0},  # 30 us after the window opens: the lead-in
+        {"cat": "kernel", "name": "b", "ts": 53.0, "dur": 20.0},  # 3 us after a: short
+        {"cat": "kernel", "name": "c", "ts": 145.0, "dur": 50.0},  # 72 us after b: the host was late
     ]  # and 5 us idle before the window closes: short
     breakdown = summarize_trace(events, num_steps=1)
-    assert breakdown["gpu_idle_ms_per_step"] == pytest.approx(0.110)
-    assert breakdown["gpu_idle_short_gaps_ms_per_step"] == pytest.approx(0.010)
-    assert breakdown["gpu_idle_long_gaps_ms_per_step"] == pytest.approx(0.100)
+    assert breakdown["gpu_lead_in_ms"] == pytest.approx(0.030)
+    assert breakdown["gpu_idle_ms_per_step"] == pytest.approx(0.080)
+    assert breakdown["gpu_idle_short_gaps_ms_per_step"] == pytest.approx(0.008)
+    assert breakdown["gpu_idle_long_gaps_ms_per_step"] == pytest.approx(0.072)

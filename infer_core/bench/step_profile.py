@@ -89,6 +89,7 @@ def summarize_trace(events: list[dict[str, Any]], num_steps: int) -> dict[str, A
         "host_ranges": ranges,
         "host_other_ms_per_step": round(max(0.0, wall - named) / per_step, 4),
         "missing_ranges": [name for name, v in host.items() if v["count"] == 0],
+        "gpu_lead_in_ms": None,
         "gpu_busy_ms_per_step": None,
         "gpu_idle_ms_per_step": None,
         "gpu_busy_fraction": None,
@@ -101,15 +102,20 @@ def summarize_trace(events: list[dict[str, Any]], num_steps: int) -> dict[str, A
         ],
     }
     if device or torch.cuda.is_available():
+        # The window opens on a drained device, so the first step's host work before its first launch has an
+        # idle GPU, where in a running loop it overlaps the step before: that lead-in is reported apart, and
+        # idle time is counted from the first device activity on.
+        first = min((lo for lo, _ in device), default=end)
         busy = _union(device)
-        gaps = _idle_gaps(device, start, end)
+        gaps = _idle_gaps(device, first, end)
         short = sum(g for g in gaps if g < SHORT_GAP_US)
         breakdown.update(
+            gpu_lead_in_ms=round((first - start) / 1e3, 4),
             gpu_idle_short_gaps_ms_per_step=round(short / per_step, 4),
             gpu_idle_long_gaps_ms_per_step=round((sum(gaps) - short) / per_step, 4),
             gpu_busy_ms_per_step=round(busy / per_step, 4),
-            gpu_idle_ms_per_step=round((wall - busy) / per_step, 4),
-            gpu_busy_fraction=round(busy / wall, 4) if wall else None,
+            gpu_idle_ms_per_step=round((end - first - busy) / per_step, 4),
+            gpu_busy_fraction=round(busy / (end - first), 4) if end > first else None,
         )
     return breakdown
 
