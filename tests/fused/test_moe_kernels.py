@@ -28,6 +28,18 @@ def _routing(num_tokens: int, num_experts: int, top_k: int, renormalize: bool, d
     return route(logits, top_k, renormalize)
 
 
+def assert_close_to_float32_experts(out, x, gate_up, down, weights, ids) -> None:
+    """``out`` against the torch path in float32 from the same (rounded) values: the kernels round their
+    intermediate once, so float32 within 1e-5 and bfloat16 within 1% in norm."""
+    assert out.shape == x.shape and out.dtype == x.dtype
+    expected = experts_torch(x.float(), gate_up.float(), down.float(), weights, ids)
+    if x.dtype == torch.float32:
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    else:
+        error = float((out.float() - expected).norm() / expected.norm())
+        assert error < 1e-2, f"bfloat16 experts off the float32 reference by {error:.2e}"
+
+
 @pytest.mark.parametrize("num_tokens,num_experts,top_k", [(1, 4, 2), (6, 8, 2), (40, 4, 3), (3, 16, 4)])
 def test_align_groups_every_entry_once_in_blocks_of_one_expert(num_tokens, num_experts, top_k, device):
     _, ids = _routing(num_tokens, num_experts, top_k, False, device, num_tokens)
@@ -68,14 +80,7 @@ def test_fused_experts_match_the_torch_path(dtype, num_tokens, num_experts, top_
     weights, ids = _routing(num_tokens, num_experts, top_k, True, device, num_tokens)
     tiles = choose_tiles(ids.numel(), num_experts)
     out = fused_experts(x, gate_up, down, weights, align_by_expert(ids, num_experts, tiles.block_m), tiles)
-    assert out.shape == x.shape and out.dtype == dtype
-    # the reference in float32 from the same (rounded) values: the kernel rounds its intermediate once
-    expected = experts_torch(x.float(), gate_up.float(), down.float(), weights, ids)
-    if dtype == torch.float32:
-        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-    else:
-        error = float((out.float() - expected).norm() / expected.norm())
-        assert error < 1e-2, f"bfloat16 experts off the float32 reference by {error:.2e}"
+    assert_close_to_float32_experts(out, x, gate_up, down, weights, ids)
 
 
 def test_entries_of_other_ranks_count_as_zero(device):
@@ -153,13 +158,7 @@ def test_decode_gemv_experts_match_the_torch_path(dtype, num_tokens, num_experts
     x = torch.randn(num_tokens, hidden, generator=torch.Generator().manual_seed(8)).to(device, dtype)
     weights, ids = _routing(num_tokens, num_experts, top_k, True, device, hidden)
     out = moe_gemv_experts(x, gate_up, down, weights, ids)
-    assert out.shape == x.shape and out.dtype == dtype
-    expected = experts_torch(x.float(), gate_up.float(), down.float(), weights, ids)
-    if dtype == torch.float32:
-        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-    else:
-        error = float((out.float() - expected).norm() / expected.norm())
-        assert error < 1e-2, f"bfloat16 experts off the float32 reference by {error:.2e}"
+    assert_close_to_float32_experts(out, x, gate_up, down, weights, ids)
 
 
 def test_decode_gemv_entries_of_other_ranks_count_as_zero(device):
