@@ -1,9 +1,10 @@
 """Tiles of the decode-size MoE GEMVs (``fused/moe_gemv.py``) at Qwen3-30B-A3B's shapes: each launch alone, per tile.
 
 For 1, 2 and 4 tokens (top-8 of 128 experts, hidden 2048, experts of 768, bfloat16, one random routing), times
-each candidate tile of the gate_up launch and of the down launch as a CUDA-graph replay (L2 flushed, median of
-50), beside the bytes each reads over the copy bandwidth; and the top-k sum as the layer runs it (torch's float32
-sum, then the cast). The first tile of each list is the one ``moe_gemv`` chooses.
+each candidate tile of the gate_up launch and of the down launch (which sums each token's top-k entries too) as
+a CUDA-graph replay (L2 flushed, median of 50), beside the bytes each reads over the copy bandwidth; and the
+top-k sum as the grouped path runs it (torch's float32 sum, then the cast). The first tile of each list is the
+one ``moe_gemv`` chooses.
 
     python -m benchmarks.moe_gemv_sweep --out DIR
 """
@@ -19,14 +20,14 @@ import triton
 from benchmarks.attention import copy_bandwidth, graph_ms
 from benchmarks.common import versions, write_result
 from infer_core.layers.fused.gemv_tiles import GemvConfig, choose_config, num_sms
-from infer_core.layers.fused.moe_gemv import _down_kernel, _gate_up_kernel, gate_up_tiles
+from infer_core.layers.fused.moe_gemv import _down_kernel, _gate_up_kernel, down_tiles, gate_up_tiles
 from infer_core.layers.moe import route
 
 E, TOP_K, H, I = 128, 8, 2048, 768
 GATE_UP = [(4, 2048, 4, 1), (4, 2048, 8, 1), (8, 1024, 8, 1), (8, 2048, 8, 1), (16, 512, 8, 3), (16, 1024, 8, 1),
            (2, 2048, 4, 1), (8, 512, 4, 3), (4, 1024, 4, 3)]
-DOWN = [(8, 256, 2, 3), (16, 256, 2, 3), (4, 1024, 2, 1), (8, 1024, 4, 1), (16, 1024, 8, 1), (8, 512, 2, 2),
-        (32, 256, 4, 3), (4, 256, 1, 3), (16, 512, 4, 2)]
+DOWN = [(4, 256, 8, 2), (8, 128, 8, 2), (4, 128, 4, 2), (8, 256, 8, 2), (16, 64, 8, 2), (4, 512, 8, 2),
+        (2, 256, 4, 2)]  # (BLOCK_N, BLOCK_K of each of the 8 slots, warps, stages)
 
 
 def main() -> None:
@@ -47,9 +48,10 @@ def main() -> None:
         entries = ids.numel()
         active = len(torch.unique(ids))
         inter = torch.empty(entries, I, device="cuda", dtype=torch.bfloat16)
-        per_entry = torch.empty(entries, H, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(num_tokens, H, device="cuda", dtype=torch.bfloat16)
+        per_entry = torch.empty(entries, H, device="cuda", dtype=torch.bfloat16)  # the grouped path's, for its sum
         chosen_gu = gate_up_tiles(entries, I, H, 2, sms)
-        chosen_dn = choose_config(entries * H, I, 2, sms)
+        chosen_dn = down_tiles(num_tokens, TOP_K, H, I, 2, sms)
         candidates = {"gate_up": [(chosen_gu.block_n, chosen_gu.block_k, chosen_gu.num_warps, chosen_gu.num_stages)]
                       + GATE_UP, "down": [(chosen_dn.block_n, chosen_dn.block_k, chosen_dn.num_warps,
                                            chosen_dn.num_stages)] + DOWN}
@@ -68,12 +70,12 @@ def main() -> None:
                         return inter
                 else:
                     def run(cfg=cfg):
-                        _down_kernel[(entries, triton.cdiv(H, cfg.block_n))](
-                            inter, down, ids, weights, per_entry, E, H, I, inter.stride(0), down.stride(0),
-                            down.stride(1), per_entry.stride(0), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                            EVEN_K=I % cfg.block_k == 0, NUM_STAGES=cfg.num_stages, USE_PDL=True, launch_pdl=True,
-                            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-                        return per_entry
+                        _down_kernel[(num_tokens, triton.cdiv(H, cfg.block_n))](
+                            inter, down, ids, weights, out, E, H, I, inter.stride(0), down.stride(0),
+                            down.stride(1), out.stride(0), TOP_K=TOP_K, SLOTS=TOP_K, BLOCK_N=cfg.block_n,
+                            BLOCK_K=cfg.block_k, EVEN_K=I % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
+                            USE_PDL=True, launch_pdl=True, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                        return out
                 got = run().clone()
                 want = got if want is None else want
                 same = bool(torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2))

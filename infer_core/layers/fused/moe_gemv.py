@@ -9,15 +9,15 @@ any routing):
 
 - gate_up: program (entry, column block) sums ``x[token] . W_gate[e, j]`` and ``x[token] . W_up[e, j]`` for its
   columns ``j`` and stores ``silu(gate) * up``, rounded once to the model dtype, as the entry's intermediate row;
-- down: program (entry, column block) sums the entry's intermediate row against ``W_down[e, j]``, multiplies by
-  the entry's routing weight and stores the entry's output row, rounded once;
+- down: program (token, column block) loads, each K step, the tiles of all the token's top-k experts at once (one
+  ``[slots, BLOCK_N, BLOCK_K]`` load, so the experts' weights stream together), sums each against its entry's
+  intermediate row, and stores the routing-weighted sum over the top-k, in float32, rounded once: the token's
+  output row, with no per-entry rows and no separate top-k sum.
 
-then the top-k rows of each token are summed in float32 and rounded once (torch's ``sum``), as the grouped path
-does. An entry whose expert is another rank's (id ``num_local``) computes nothing and its output row is zero.
-
-Tiles come from the dense GEMV's rule (``gemv_tiles.choose_config``) on the launch's whole output (entries x
-columns); the gate_up program loads a gate and an up tile each K step, so it runs at twice the warps (or half
-the K step where the tile already takes 8). Where two entries share an expert (more tokens, few experts) its
+An entry whose expert is another rank's (id ``num_local``) computes nothing and adds nothing. Tiles come from the
+dense GEMV's rule (``gemv_tiles.choose_config``) on each launch's whole output; the gate_up program loads a gate
+and an up tile each K step, so it runs at twice the warps (or half the K step where the tile already takes 8),
+and the down program splits its K step over the top-k slots. Where two entries share an expert (more tokens, few experts) its
 weights are read twice: :func:`use_moe_gemv` says where that does not happen or costs little.
 """
 
@@ -87,28 +87,39 @@ def _gate_up_kernel(x_ptr, w_ptr, ids_ptr, out_ptr, num_local, I, K, stride_xm, 
 
 @triton.jit
 def _down_kernel(a_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, num_local, H, K, stride_am, stride_we, stride_wn,
-                 stride_om, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                 NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr):
-    """``out[e, j] = weight[e] * (a[e] . W[id(e), j])`` for this block's j; zero for another rank's expert."""
-    entry = tl.program_id(0)
+                 stride_om, TOP_K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr):
+    """``out[t, j] = sum_k weight[t, k] * (a[t * TOP_K + k] . W[id(t, k), j])`` for this block's j: a K step loads
+    the tiles of all the token's top-k experts at once (``[SLOTS, BLOCK_N, BLOCK_K]``, SLOTS the next power of two),
+    and the weighted sum over k is taken from the float32 sums, rounded once; another rank's experts add nothing."""
+    token = tl.program_id(0).to(tl.int64)
     pdl_enter(USE_PDL)
-    expert = tl.load(ids_ptr + entry).to(tl.int64)
+    slots = tl.arange(0, SLOTS)
+    entries = token * TOP_K + slots
+    experts = tl.load(ids_ptr + entries, mask=slots < TOP_K, other=num_local).to(tl.int64)
+    valid = experts < num_local
+    experts = tl.where(valid, experts, 0)  # a row of expert 0 in bounds, masked off below
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    out_ptrs = out_ptr + entry.to(tl.int64) * stride_om + cols
-    if expert >= num_local:
-        tl.store(out_ptrs, tl.zeros([BLOCK_N], dtype=out_ptr.dtype.element_ty), mask=cols < H)
-        return
     rows = tl.minimum(cols, H - 1).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
-    w_ptrs = w_ptr + expert * stride_we + (rows * stride_wn)[:, None] + offs_k[None, :]
-    a_row = a_ptr + entry.to(tl.int64) * stride_am
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    w_ptrs = (w_ptr + (experts * stride_we)[:, None, None] + (rows * stride_wn)[None, :, None]
+              + offs_k[None, None, :])
+    a_ptrs = a_ptr + (entries * stride_am)[:, None] + offs_k[None, :]
+    acc = tl.zeros([SLOTS, BLOCK_N], dtype=tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-        k = k0 + offs_k
-        acc += tl.sum(_load_tile(w_ptrs, k, K, EVEN_K) * _load_row(a_row, k, K, EVEN_K)[None, :], axis=1)
+        if EVEN_K:
+            w_mask, a_mask = valid[:, None, None], valid[:, None]
+        else:
+            in_k = k0 + offs_k < K
+            w_mask, a_mask = valid[:, None, None] & in_k[None, None, :], valid[:, None] & in_k[None, :]
+        w = tl.load(w_ptrs, mask=w_mask, other=0.0).to(tl.float32)
+        a = tl.load(a_ptrs, mask=a_mask, other=0.0).to(tl.float32)
+        acc += tl.sum(w * a[:, None, :], axis=2)
         w_ptrs += BLOCK_K
-    acc = acc * tl.load(weights_ptr + entry)
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=cols < H)
+        a_ptrs += BLOCK_K
+    weights = tl.load(weights_ptr + entries, mask=valid, other=0.0)
+    out = tl.sum(acc * weights[:, None], axis=0)
+    tl.store(out_ptr + token * stride_om + cols, out.to(out_ptr.dtype.element_ty), mask=cols < H)
 
 
 def gate_up_tiles(num_entries: int, inter: int, hidden: int, element_size: int, sms: int) -> GemvConfig:
@@ -118,6 +129,15 @@ def gate_up_tiles(num_entries: int, inter: int, hidden: int, element_size: int, 
     if cfg.num_warps < 8:
         return GemvConfig(cfg.block_n, cfg.block_k, 2 * cfg.num_warps, cfg.num_stages)
     return GemvConfig(cfg.block_n, max(16, cfg.block_k // 2), cfg.num_warps, cfg.num_stages)
+
+
+def down_tiles(num_tokens: int, top_k: int, hidden: int, inter: int, element_size: int, sms: int) -> GemvConfig:
+    """The dense GEMV's tiles for ``num_tokens * hidden`` columns of K ``top_k * inter`` (a token's entries side by
+    side), a K step split over the top-k slots: each slot's tile is ``block_k / slots`` wide, at most ``inter``."""
+    slots = triton.next_power_of_2(top_k)
+    cfg = choose_config(num_tokens * hidden, slots * inter, element_size, sms)
+    block_k = min(max(16, cfg.block_k // slots), triton.next_power_of_2(inter))
+    return GemvConfig(cfg.block_n, block_k, cfg.num_warps, 2 if block_k < inter else 1)
 
 
 def moe_gemv_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
@@ -140,9 +160,9 @@ def moe_gemv_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     num_entries = num_tokens * top_k
     ids = topk_ids.reshape(-1)
     weights = topk_weights.reshape(-1).to(torch.float32)
-    per_entry = torch.empty((num_entries, hidden), dtype=x.dtype, device=x.device)
+    out = torch.empty((num_tokens, hidden), dtype=x.dtype, device=x.device)
     if num_entries == 0:
-        return per_entry.view(num_tokens, top_k, hidden).sum(dim=1)
+        return out.zero_()
     inter_rows = torch.empty((num_entries, inter), dtype=x.dtype, device=x.device)
     sms = num_sms(x.device)
     pdl = use_pdl(x)
@@ -151,10 +171,10 @@ def moe_gemv_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
         x, gate_up, ids, inter_rows, num_experts, inter, hidden, x.stride(0), gate_up.stride(0), gate_up.stride(1),
         inter_rows.stride(0), TOP_K=top_k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=hidden % cfg.block_k == 0,
         NUM_STAGES=cfg.num_stages, USE_PDL=pdl, launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    cfg = choose_config(num_entries * hidden, inter, down.element_size(), sms)
-    _down_kernel[(num_entries, triton.cdiv(hidden, cfg.block_n))](
-        inter_rows, down, ids, weights, per_entry, num_experts, hidden, inter, inter_rows.stride(0), down.stride(0),
-        down.stride(1), per_entry.stride(0), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        EVEN_K=inter % cfg.block_k == 0, NUM_STAGES=cfg.num_stages, USE_PDL=pdl, launch_pdl=pdl,
+    cfg = down_tiles(num_tokens, top_k, hidden, inter, down.element_size(), sms)
+    _down_kernel[(num_tokens, triton.cdiv(hidden, cfg.block_n))](
+        inter_rows, down, ids, weights, out, num_experts, hidden, inter, inter_rows.stride(0), down.stride(0),
+        down.stride(1), out.stride(0), TOP_K=top_k, SLOTS=triton.next_power_of_2(top_k), BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, EVEN_K=inter % cfg.block_k == 0, NUM_STAGES=cfg.num_stages, USE_PDL=pdl, launch_pdl=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return per_entry.view(num_tokens, top_k, hidden).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    return out
