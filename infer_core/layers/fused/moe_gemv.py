@@ -17,8 +17,8 @@ any routing):
 An entry whose expert is another rank's (id ``num_local``) computes nothing and adds nothing. Tiles come from the
 dense GEMV's rule (``gemv_tiles.choose_config``) on each launch's whole output; the gate_up program loads a gate
 and an up tile each K step, so it runs at twice the warps (or half the K step where the tile already takes 8),
-and the down program splits its K step over the top-k slots. Where two entries share an expert (more tokens, few experts) its
-weights are read twice: :func:`use_moe_gemv` says where that does not happen or costs little.
+and the down program splits its K step over the top-k slots. Where two entries share an expert (more tokens,
+few experts) its weights are read twice: :func:`use_moe_gemv` says where that does not happen or costs little.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from infer_core.layers.fused import use_pdl
 from infer_core.layers.fused.gemv_tiles import GemvConfig, choose_config, num_sms
 from infer_core.layers.fused.pdl import pdl_enter
 
-MAX_ENTRIES = 16  # decode steps: more entries run the grouped GEMMs (at 32, 4 tokens of top-8, they were faster)
+MAX_ENTRIES = 16  # decode steps: more entries run the grouped GEMMs (4 tokens of top-8 measured no faster here)
 
 
 def use_moe_gemv(num_tokens: int, top_k: int, num_experts: int) -> bool:
