@@ -64,7 +64,7 @@ def _gate_up_kernel(x_ptr, w_ptr, ids_ptr, out_ptr, num_local, I, K, stride_xm, 
     entry = tl.program_id(0)
     pdl_enter(USE_PDL)  # the ids are the router's output: wait for it before any load
     expert = tl.load(ids_ptr + entry).to(tl.int64)
-    if expert >= num_local:  # another rank's expert: the down launch zeroes the entry's output
+    if expert >= num_local:  # another rank's expert: the down launch leaves the entry out
         return
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.minimum(cols, I - 1).to(tl.int64)  # past I: row I-1 again, never stored
