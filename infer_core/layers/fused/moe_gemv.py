@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from infer_core.layers.fused import use_pdl
+from infer_core.layers.fused.gemv import load_w_tile
 from infer_core.layers.fused.gemv_tiles import GemvConfig, choose_config, num_sms
 from infer_core.layers.fused.pdl import pdl_enter
 
@@ -40,13 +41,6 @@ def use_moe_gemv(num_tokens: int, top_k: int, num_experts: int) -> bool:
     rare), up to ``MAX_ENTRIES``."""
     num_entries = num_tokens * top_k
     return 0 < num_entries <= MAX_ENTRIES and (num_tokens == 1 or 4 * num_entries <= num_experts)
-
-
-@triton.jit
-def _load_tile(ptrs, k, K, EVEN_K: tl.constexpr):
-    if EVEN_K:
-        return tl.load(ptrs).to(tl.float32)
-    return tl.load(ptrs, mask=(k < K)[None, :], other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -77,8 +71,8 @@ def _gate_up_kernel(x_ptr, w_ptr, ids_ptr, out_ptr, num_local, I, K, stride_xm, 
     for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         k = k0 + offs_k
         xk = _load_row(x_row, k, K, EVEN_K)
-        gate += tl.sum(_load_tile(gate_ptrs, k, K, EVEN_K) * xk[None, :], axis=1)
-        up += tl.sum(_load_tile(up_ptrs, k, K, EVEN_K) * xk[None, :], axis=1)
+        gate += tl.sum(load_w_tile(gate_ptrs, k, K, EVEN_K) * xk[None, :], axis=1)
+        up += tl.sum(load_w_tile(up_ptrs, k, K, EVEN_K) * xk[None, :], axis=1)
         gate_ptrs += BLOCK_K
         up_ptrs += BLOCK_K
     act = gate / (1.0 + tl.exp(-gate)) * up

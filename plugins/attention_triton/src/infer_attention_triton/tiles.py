@@ -28,8 +28,8 @@ def is_interpreted() -> bool:
 
 
 def decode_tiles(head_dim: int, kv_fp8: bool = False) -> DecodeTiles:
-    """An FP8 cache's tiles hold half the bytes: 128 keys a step (``benchmarks/kv_fp8_decode_sweep.py``, head_dim
-    128 on an H100: 6-27% faster than 64 keys at 16-token pages)."""
+    """An FP8 cache's tiles hold half the bytes: 128 keys a step, which measured faster than 64
+    (``benchmarks/kv_fp8_decode_sweep.py``)."""
     if is_interpreted():  # numpy runs every program: small tiles keep the CPU tests fast
         return DecodeTiles(block_n=16, num_warps=1, num_stages=1)
     if head_dim >= 256:
