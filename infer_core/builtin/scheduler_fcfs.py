@@ -7,8 +7,11 @@ blocks are freed and it goes back to the front of the queue to be recomputed lat
 when its blocks are still in the prefix cache).
 
 The engine may plan step N+1 before step N's result is back (overlapped scheduling): a request
-then counts step N's tokens as in flight, and the token step N samples for it as pending, whose
-id the runner reads on the device. A request whose pending token is its last is not scheduled again.
+then counts step N's tokens as in flight, and the tokens step N samples for it as pending, whose
+ids the runner reads on the device. A step that verifies k drafts counts k+1 pending tokens, as if
+every draft were kept; ``update`` takes back the rejected ones, and the runner moves a step planned
+in between back by as many on the device (runner/accepted_drafts.py). A request whose pending
+tokens reach its last is not scheduled again.
 """
 
 from __future__ import annotations
@@ -84,12 +87,12 @@ class FCFSScheduler(Scheduler):
         Drafts ride along a decode step only, all of them or none, and never past max_model_len
         or max_tokens.
         """
-        pending = (request.num_tokens + request.num_pending_tokens
-                   - request.num_computed_tokens - request.num_inflight_tokens)
+        num_pending = request.num_pending_tokens
+        pending = request.num_tokens + num_pending - request.num_computed_tokens - request.num_inflight_tokens
         drafts: list[int] = []
         if pending == 1 and request.spec_token_ids:
-            room = min(self.config.max_model_len - request.num_tokens,
-                       request.max_tokens - request.num_output_tokens - 1)
+            room = min(self.config.max_model_len - request.num_tokens - num_pending,
+                       request.max_tokens - request.num_output_tokens - num_pending - 1)
             drafts = request.spec_token_ids[: max(room, 0)]
             if pending + len(drafts) > budget:
                 drafts = []
@@ -156,8 +159,8 @@ class FCFSScheduler(Scheduler):
             num_scheduled_tokens[request_id] = num_new
             planned[request_id] = request
             request.num_inflight_tokens += num_new
-            if num_computed + num_new >= num_tokens + num_pending:
-                request.num_pending_tokens = num_pending + 1  # this step samples for it
+            if num_computed + num_new >= num_tokens + num_pending:  # this step samples for it
+                request.num_pending_tokens = num_pending + 1 + (len(drafts) if drafts else 0)
             if drafts:
                 out.spec_token_ids[request_id] = list(drafts)
             request.num_synced_tokens = num_tokens
@@ -210,7 +213,7 @@ class FCFSScheduler(Scheduler):
             out.spec_token_ids[request.request_id] = list(drafts)
         request.num_inflight_tokens = num_new
         if request.num_computed_tokens + num_new >= request.num_tokens:
-            request.num_pending_tokens = 1  # the whole prompt is in: this step samples
+            request.num_pending_tokens = 1 + len(drafts)  # the whole prompt is in: this step samples
         request.num_synced_tokens = request.num_tokens
         self.kv_allocator.cache_blocks(request.request_id, request.all_token_ids,
                                        min(request.num_computed_tokens + num_new, request.num_tokens))
@@ -235,8 +238,8 @@ class FCFSScheduler(Scheduler):
             if spec:
                 num_computed -= len(spec) + 1 - len(tokens)  # the rejected drafts
             request.num_computed_tokens += num_computed
-            if tokens:
-                request.num_pending_tokens -= 1  # the step that sampled them is back
+            if tokens:  # the step that sampled them is back
+                request.num_pending_tokens -= 1 + (len(spec) if spec else 0)
             if len(tokens) == 1:  # a decode step
                 new_tokens = [tokens[0]]
                 finished = request.append_output_token(tokens[0], max_len)

@@ -19,9 +19,11 @@ A request's path through the core; each invariant is stated once, beside the mod
    last call); text, stop strings and n completions are the frontend's
    (engine/engine.py in one process, engine/async_engine.py across the process boundary).
 
-Overlapped scheduling (``async_scheduling``, where executor, scheduler and decoding policy allow it):
-``step`` launches step N+1 before it reads step N's tokens (one launched step stays unread between calls);
-a token step N sampled is pending in N+1, its id read on the device (``ModelRunner._prepare``). A request that
+Overlapped scheduling (``async_scheduling``, where executor and scheduler allow it, and the decoding policy
+for the requests running: ``DecodingPolicy.overlaps``): ``step`` launches step N+1 before it reads step N's
+tokens (one launched step stays unread between calls); a token step N sampled is pending in N+1, its id read
+on the device (``ModelRunner._prepare``), and drafts step N verified count as kept until it is read
+(runner/accepted_drafts.py). A request that
 stopped in step N has one more token computed in N+1, which is dropped. A failure mid-step leaves the
 core dead (``step``). While requests are in progress the garbage collector leaves the heap that
 existed when they began alone (runner/gc_policy.py).
@@ -119,8 +121,8 @@ class EngineCore:
         except BaseException:
             self.executor.shutdown()  # no worker outlives a failed start
             raise
-        self.overlap = (settings.async_scheduling and self.executor.supports_overlap
-                        and self.scheduler.supports_overlap and not self.decoding.num_speculative_tokens)
+        self.overlap = bool(settings.async_scheduling and self.executor.supports_overlap
+                            and self.scheduler.supports_overlap)
         self._in_flight: tuple[SchedulerOutput, PendingOutput] | None = None  # launched, not yet read
         self.last_plan: SchedulerOutput | None = None  # what the last ``step`` launched (the core loop's tally reads it)
         self.counters = EngineCounters()
@@ -231,16 +233,23 @@ class EngineCore:
 
     def _step(self) -> list[RequestUpdate]:
         # The named ranges are what `infer bench --profile` splits a step's host time into.
+        updates: list[RequestUpdate] = []
         with step_range("infer.schedule"):
-            drafted = self._propose_drafts()
+            live = self._drafting_requests()
+            if self._in_flight is not None and live and not self.decoding.overlaps(live):
+                previous, self._in_flight = self._in_flight, None  # drafts that need the step's tokens first
+                updates = self._finish_step(*previous)
+                live = self._drafting_requests()
+            drafted = self._propose_drafts(live)
             scheduler_output = self.last_plan = self.scheduler.schedule()
             for request in drafted:
                 request.spec_token_ids = []  # drafts are good for one step only
         launched = (scheduler_output, self.executor.execute_async(scheduler_output))
         previous, self._in_flight = self._in_flight, None
-        if scheduler_output.is_empty and previous is None and self.scheduler.num_unfinished:
+        if scheduler_output.is_empty and previous is None and not updates and self.scheduler.num_unfinished:
             raise RuntimeError("the scheduler made no progress with requests pending; this is a bug")
-        updates = self._finish_step(*previous) if previous is not None else []
+        if previous is not None:
+            updates += self._finish_step(*previous)
         if self.overlap and not scheduler_output.is_empty:
             self._in_flight = launched  # read by the next call, while the step after it runs
             return updates
@@ -257,8 +266,8 @@ class EngineCore:
         self.counters.generation_tokens += sum(len(u.new_token_ids) for u in updates)
         return updates
 
-    def _propose_drafts(self) -> list[Request]:
-        """Ask a speculative policy for this step's drafts; the requests that got some."""
+    def _drafting_requests(self) -> list[Request]:
+        """With a speculative policy, the requests it may draft for (in the order they were added)."""
         if not self.decoding.num_speculative_tokens:
             return []
         live = []
@@ -268,6 +277,12 @@ class EngineCore:
                 del self._drafting_ids[request_id]  # finished
             else:
                 live.append(request)
+        return live
+
+    def _propose_drafts(self, live: list[Request]) -> list[Request]:
+        """Ask a speculative policy for this step's drafts; the requests that got some."""
+        if not live:
+            return []
         drafted = []
         for request_id, draft in self.decoding.propose(live).items():
             request = self.scheduler.get(request_id)

@@ -70,8 +70,17 @@ class DecodingPolicy(RuntimeComponent, ABC):
         """Called once the ranks are started and their KV caches allocated, before the first step."""
 
     def propose(self, requests: Sequence[Request]) -> dict[str, list[int]]:
-        """Draft tokens per running request for the next step (none by default)."""
+        """Draft tokens per running request for the next step (none by default). Under overlapped
+        scheduling a request's ``num_pending_tokens`` tokens of the step in flight are not known yet
+        (as if every draft of that step were kept); the drafts follow the last of them."""
         return {}
+
+    def overlaps(self, requests: Sequence[Request]) -> bool:
+        """Whether the next step may be planned while the one before it runs, with these requests
+        running (a speculative policy: only where its drafts can follow tokens not yet known and a verify
+        step's kept length can be counted on the device, greedily; see runner/accepted_drafts.py). A
+        policy without drafts always may."""
+        return not self.num_speculative_tokens
 
     @abstractmethod
     def accept(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> dict[str, list[int]]:

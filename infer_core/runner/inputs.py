@@ -18,8 +18,8 @@ from infer_core.runner.prompt_logprobs import PromptLogprobPlan
 from infer_core.runner.state import RequestTable
 
 # The packed 1-D inputs, in order: per token, then per request (+1 for query_start_loc's end).
-_TOKEN_FIELDS = ("input_ids", "positions", "slot_mapping", "logits_indices")
-_REQUEST_FIELDS = ("query_start_loc", "seq_lens", "pending_dst", "pending_src", "decode_order")
+_TOKEN_FIELDS = ("input_ids", "positions", "slot_mapping", "logits_indices", "token_rows")
+_REQUEST_FIELDS = ("query_start_loc", "seq_lens", "pending_dst", "pending_src", "decode_order", "pending_rows")
 
 
 @dataclass(slots=True)
@@ -39,6 +39,8 @@ class StepInputs:
     # must be set to ``previous_sampled[pending_src]`` on the device before the forward.
     pending_dst: torch.Tensor | None = None  # int32 flat-batch indices
     pending_src: torch.Tensor | None = None  # int32 rows of the previous step's sampled ids
+    pending_rows: torch.Tensor | None = None  # int32 batch index of each pending token's request
+    token_rows: torch.Tensor | None = None  # int32 batch index of each token's request (``with_token_rows``)
     # > 0 when pending_dst and pending_src are both 0..n-1 (steady decode: the batch in the previous step's
     # order, every row pending): then ``input_ids[:n] = previous_sampled[:n]``, one copy instead of a gather
     pending_prefix: int = 0
@@ -121,7 +123,7 @@ def build_step_inputs(
     output: SchedulerOutput, states: RequestTable, block_size: int, device: torch.device,
     buffers: StepBuffers | None = None, padded_num_reqs: int | None = None,
     previous_sample_rows: dict[str, int] | None = None, padded_num_tokens: int | None = None,
-    piecewise_graph: int | None = None,
+    piecewise_graph: int | None = None, with_token_rows: bool = False,
 ) -> StepInputs:
     """The flat batch of ``output``; with ``padded_num_reqs``, padded with one-token dummy requests
     (decode-only steps replayed by a CUDA graph of that size); with ``padded_num_tokens``, padded
@@ -129,7 +131,8 @@ def build_step_inputs(
     ``piecewise_graph``, padded so too (any step, replayed by the piecewise graphs of that size).
 
     ``previous_sample_rows``: request id -> row of the previous step's sampled ids, for requests
-    whose last token is still pending (see ``StepInputs.pending_dst``).
+    whose last token is still pending (see ``StepInputs.pending_dst``). ``with_token_rows``: fill
+    ``StepInputs.token_rows`` too.
     """
     scheduled = output.num_scheduled_tokens
     request_ids = _batch_order(scheduled)
@@ -145,7 +148,7 @@ def build_step_inputs(
     for rid, draft in output.spec_token_ids.items():
         if draft:
             state = states[rid]
-            states.write_draft_tokens(state.row, len(state.token_ids), draft)
+            states.write_draft_tokens(state.row, len(state.token_ids) + state.num_pending_tokens, draft)
     num_tokens = int(query_lens.sum())
     padded_tokens = (padded_num_tokens if padded_num_tokens is not None else piecewise_graph
                      if piecewise_graph is not None else num_tokens + (padded_reqs - num_reqs))
@@ -189,8 +192,10 @@ def build_step_inputs(
     pending_reqs = np.flatnonzero(num_pending)
     pending_prefix = 0
     if len(pending_reqs):
-        pending_prefix = _place_pending(request_ids, pending_reqs, num_pending, num_on_host - computed, query_lens,
+        pending_prefix = _place_pending(request_ids, pending_reqs, num_known - 1 - computed, query_lens,
                                         query_start_loc, previous_sample_rows, h)
+    if with_token_rows:
+        h["token_rows"][:num_tokens] = np.repeat(np.arange(num_reqs, dtype=np.int32), query_lens)
 
     if padded_tokens > num_tokens:
         buffers.fill_padding(num_tokens, padded_tokens, num_reqs, padded_reqs, block_size)
@@ -229,25 +234,29 @@ def build_step_inputs(
         pending_dst=d["pending_dst"][: len(pending_reqs)] if len(pending_reqs) else None,
         pending_src=d["pending_src"][: len(pending_reqs)] if len(pending_reqs) else None,
         pending_prefix=pending_prefix,
+        pending_rows=d["pending_rows"][: len(pending_reqs)] if len(pending_reqs) else None,
+        token_rows=d["token_rows"][:num_tokens] if with_token_rows else None,
     )
 
 
-def _place_pending(request_ids: list[str], pending_reqs: np.ndarray, num_pending: np.ndarray,
-                   pending_offset: np.ndarray, query_lens: np.ndarray, query_start_loc: np.ndarray,
+def _place_pending(request_ids: list[str], pending_reqs: np.ndarray, pending_offset: np.ndarray,
+                   query_lens: np.ndarray, query_start_loc: np.ndarray,
                    previous_sample_rows: dict[str, int] | None, h: dict[str, np.ndarray]) -> int:
-    """Where each pending token goes in the flat batch, and which previous sample it is; returns n when
-    both are 0..n-1 (see ``StepInputs.pending_prefix``), else 0."""
+    """Where each request's last pending token goes in the flat batch (``pending_offset``: its index in
+    the request's query), and which previous sample it is; returns n when both are 0..n-1 (see
+    ``StepInputs.pending_prefix``), else 0."""
     get = (previous_sample_rows or {}).get
     # -1: not sampled by the previous step (checked below with the rest, over whole arrays)
     src = np.fromiter((get(request_ids[i], -1) for i in pending_reqs.tolist()), dtype=np.int64,
                       count=len(pending_reqs))
     offset = pending_offset[pending_reqs]
-    bad = (num_pending[pending_reqs] != 1) | (src < 0) | (offset < 0) | (offset >= query_lens[pending_reqs])
+    bad = (src < 0) | (offset < 0) | (offset >= query_lens[pending_reqs])
     if bad.any():
         i = int(pending_reqs[np.argmax(bad)])
-        raise RuntimeError(f"request {request_ids[i]}: {num_pending[i]} pending token(s) at offset {pending_offset[i]} "
-                           "that the previous step did not sample; scheduler and runner disagree")
+        raise RuntimeError(f"request {request_ids[i]}: a pending token at offset {pending_offset[i]} of its query, "
+                           "or one the previous step did not sample; scheduler and runner disagree")
     n = len(pending_reqs)
+    h["pending_rows"][:n] = pending_reqs
     dst = h["pending_dst"][:n]
     np.add(query_start_loc[pending_reqs], offset, out=dst)
     h["pending_src"][:n] = src

@@ -34,6 +34,7 @@ from infer_core.models.build import BuildContext
 from infer_core.platform import use_physical_cores
 from infer_core.models.weights import load_model_weights
 from infer_core.profiling import step_range
+from infer_core.runner.accepted_drafts import AcceptedDrafts, apply_rejections
 from infer_core.runner.cuda_graphs import CudaGraphRunner, forward_step, graph_for
 from infer_core.runner.graph_plan import capture_graphs, prefill_graph_sizes, uses_cuda_graphs
 from infer_core.runner.piecewise_graphs import PiecewiseGraphs
@@ -91,6 +92,9 @@ class ModelRunner:
         self.last_sampled: torch.Tensor | None = None
         self.last_sample_rows: dict[str, int] = {}
         self.last_step: SampledStep | None = None  # its ids' host copy: grammar matchers' pending tokens
+        # A verify step's sampled and draft ids: the next step reads its pending tokens and moves its
+        # positions back by the rejected drafts from them (runner/accepted_drafts.py).
+        self.last_accepted: AcceptedDrafts | None = None
         self.grammar_masks = GrammarMasks(config.model.vocab_size, device)  # buffers made on a first constrained step
 
     @property
@@ -191,15 +195,16 @@ class ModelRunner:
             logits = forward_step(inputs, self.graphs, self, self.return_logits)
         scored = score(inputs.prompt_plan, self.requests) if inputs.prompt_plan is not None else None
         if logits is None:  # nothing to sample
-            self.last_sampled, self.last_sample_rows, self.last_step = None, {}, None
+            self.last_sampled, self.last_sample_rows, self.last_step, self.last_accepted = None, {}, None, None
             return ReadyOutput(RunnerOutput(inputs.request_ids, [[] for _ in inputs.request_ids],
                                             [None for _ in inputs.request_ids], prompt_logprobs=scored))
         step = self._sample(inputs, logits) if not output.spec_token_ids else None
-        if step is None:  # drafts to verify: each position's token and its draft's probability; no pending tokens
-            self.last_sampled, self.last_sample_rows, self.last_step = None, {}, None
+        if step is None:  # drafts to verify: each position's token and its draft's probability
             step = verify_drafts(inputs, logits, output.spec_token_ids, self.requests, self.config.model.vocab_size,
                                  self.config.eos_token_ids, self.device, self.generator, self.host_slots,
                                  self.return_logits)
+            self.last_sampled, self.last_step, self.last_accepted = None, None, step.accepted
+            self.last_sample_rows = step.accepted.request_index(inputs.request_ids)
         step.prompt_logprobs = scored
         return step
 
@@ -215,15 +220,23 @@ class ModelRunner:
         decode_graph, prefill_graph = (None, None) if scoring else graph_for(self.graphs, output)
         piecewise = (self.piecewise.padded_size(output.total_num_scheduled_tokens) if self.piecewise is not None
                      and decode_graph is prefill_graph is None and not scoring else None)
+        accepted = self.last_accepted
         inputs = build_step_inputs(output, self.requests, self.config.block_size, self.device, self.buffers,
-                                   decode_graph, self.last_sample_rows, prefill_graph, piecewise)
+                                   decode_graph, self.last_sample_rows, prefill_graph, piecewise,
+                                   with_token_rows=accepted is not None)
         if scoring:
             inputs.prompt_plan = plan_prompt_logprobs(scoring, inputs, output.num_scheduled_tokens, self.requests)
+        rejected = None
+        if accepted is not None and inputs.pending_rows is not None:  # planned over a verify step still running
+            pending_ids = [rid for rid in inputs.request_ids if self.requests[rid].num_pending_tokens]
+            self.last_sampled, rejected = accepted.resolve(pending_ids)
         if inputs.pending_prefix:  # steady decode: the previous step's ids, in order, are the first inputs
             inputs.input_ids[: inputs.pending_prefix].copy_(self.last_sampled[: inputs.pending_prefix])
         elif inputs.pending_dst is not None:
             pending_ids = self.last_sampled.index_select(0, inputs.pending_src).to(inputs.input_ids.dtype)
             inputs.input_ids.index_put_((inputs.pending_dst,), pending_ids)
+        if rejected is not None:
+            apply_rejections(inputs, rejected, inputs.metadata.block_tables, self.config.block_size)
         return inputs
 
     def forward_eager(self, inputs: StepInputs) -> torch.Tensor | None:
@@ -263,7 +276,7 @@ class ModelRunner:
                 result = SamplerOutput(token_ids=greedy_ids[: len(inputs.request_ids)])
             else:
                 result = sample(logits, batch)
-        self.last_sampled = result.token_ids
+        self.last_sampled, self.last_accepted = result.token_ids, None
         self.last_sample_rows = {rid: i for i, rid in enumerate(sampled_ids)}
         slot = self.host_slots.take(result.token_ids.shape[0]) if self.host_slots is not None else None
         self.last_step = SampledStep(inputs.request_ids, inputs.sample_rows, states, result,

@@ -26,7 +26,8 @@ class RequestState:
     num_computed_tokens: int
     row: int = -1  # this request's row in the RequestTable's arrays
     # Sampled by the previous step and not sent back yet (overlapped scheduling): they follow
-    # ``token_ids``, and their ids are read from that step's sampled ids on the device.
+    # ``token_ids``, and the last one's id is read from that step's sampled ids on the device (a
+    # verify step's k+1: as if every draft were kept, see runner/accepted_drafts.py).
     num_pending_tokens: int = 0
     # Structured output: the grammar's matcher, and how many output tokens it has accepted so far.
     matcher: ConstraintMatcher | None = None
@@ -144,8 +145,9 @@ class RequestTable(Mapping[str, RequestState]):
             state.num_computed_tokens = cached.num_computed_tokens
             self.num_computed_tokens[state.row] = cached.num_computed_tokens
             state.num_pending_tokens = cached.num_pending_tokens
-            if cached.num_pending_tokens and len(state.token_ids) + 1 > self.token_ids.shape[1]:
-                self.token_ids = _grown(self.token_ids, 1, len(state.token_ids) + 1)  # room for the placeholder
+            end = len(state.token_ids) + cached.num_pending_tokens
+            if end > self.token_ids.shape[1]:
+                self.token_ids = _grown(self.token_ids, 1, end)  # room for the placeholders
 
     def write_draft_tokens(self, row: int, start: int, draft: list[int]) -> None:
         """Place a step's speculative tokens after the known ones (overwritten once they are known)."""

@@ -7,7 +7,10 @@ after the last draft), and the target's probability of that draft token, which r
 policy as ``RunnerOutput.draft_probs``. The penalties of position j count drafts 0..j-1 as output
 tokens. Steps without drafts never come here (``ModelRunner._execute``).
 
-Overlapped scheduling is off while drafts are proposed, so no sampled request has a pending token.
+Under overlapped scheduling the step after this one is planned before its tokens reach the host:
+``VerifiedStep.accepted`` keeps what that step needs to count the kept drafts on the device
+(runner/accepted_drafts.py). The decoding policy overlaps only greedy requests without penalties, so
+a sampled row's penalties never miss a pending token.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 from infer_core.interfaces import RunnerOutput
 from infer_core.layers.draft_verification import sample_verified
 from infer_core.layers.sampler import SamplingBatch
+from infer_core.runner.accepted_drafts import AcceptedDrafts
 from infer_core.runner.inputs import StepInputs
 from infer_core.runner.sampling_inputs import build_sampling_batch, to_device
 from infer_core.runner.state import RequestTable
@@ -55,8 +59,9 @@ def _count_earlier_drafts(batch: SamplingBatch, sampled_ids: list[str], offsets:
 class VerifiedStep(SampledStep):
     """A sampled step whose output also carries each position's draft-token probability (``draft_probs``)."""
 
-    def __init__(self, request_ids, sample_rows, states, sampled, draft_probs: torch.Tensor, logits=None,
-                 slot=None) -> None:
+    def __init__(self, request_ids, sample_rows, states, sampled, draft_probs: torch.Tensor,
+                 accepted: AcceptedDrafts, logits=None, slot=None) -> None:
+        self.accepted = accepted
         if draft_probs.is_cuda:  # queued before the ids' copy and its event, which then covers it too
             host = torch.empty(draft_probs.shape, dtype=draft_probs.dtype, pin_memory=True)
             draft_probs = host.copy_(draft_probs, non_blocking=True)
@@ -82,7 +87,11 @@ def verify_drafts(inputs: StepInputs, logits: torch.Tensor, spec_token_ids: dict
     batch = build_sampling_batch(states, vocab_size, eos_token_ids, device, generator, token_table=requests.token_ids)
     if batch.output_counts is not None or batch.seen_mask is not None:
         _count_earlier_drafts(batch, sampled_ids, offsets, spec_token_ids, vocab_size, device)
-    result, draft_probs = sample_verified(logits, batch, to_device(np.asarray(draft_ids, dtype=np.int64), device))
+    drafts = to_device(np.asarray(draft_ids, dtype=np.int64), device)
+    result, draft_probs = sample_verified(logits, batch, drafts)
+    at_random = frozenset(rid for rid, state, draft in zip(sampled_ids, states, draft_ids)
+                          if draft >= 0 and not state.sampling_params.is_greedy)
+    accepted = AcceptedDrafts(result.token_ids, drafts, inputs.sample_rows, at_random)
     slot = host_slots.take(result.token_ids.shape[0]) if host_slots is not None else None
-    return VerifiedStep(inputs.request_ids, inputs.sample_rows, states, result, draft_probs,
+    return VerifiedStep(inputs.request_ids, inputs.sample_rows, states, result, draft_probs, accepted,
                         logits if return_logits else None, slot)

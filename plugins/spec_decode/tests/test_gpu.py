@@ -78,3 +78,37 @@ def test_a_draft_model_on_the_gpu_gives_plain_greedy_tokens(tiny_checkpoint):
         assert {("verify", n) for n in (2, 4, 8)} & set(replays)  # so did the target's batch-1 verify steps
         if draft == folder:
             assert stats.acceptance_rate > 0.9
+
+
+@pytest.mark.gpu
+def test_overlapped_ngram_steps_on_the_gpu_give_plain_greedy_tokens(tiny_checkpoint, monkeypatch):
+    """Overlapped scheduling with n-gram drafts on CUDA graphs (float32: argmax ties of bfloat16 aside): each step
+    is planned while the verify step before it runs and moved back on the device by its rejected drafts."""
+    pytest.importorskip("infer_attention_triton")
+    from infer_core.runner import model_runner
+
+    moved: list[int] = []
+    apply = model_runner.apply_rejections
+    monkeypatch.setattr(model_runner, "apply_rejections",
+                        lambda inputs, rejected, *rest: moved.append(int(rejected.sum())) or apply(inputs, rejected, *rest))
+    folder = str(tiny_checkpoint("qwen3"))
+    rng = random.Random(9)
+    prompts = [[rng.randrange(3, 30) for _ in range(n)] for n in (40, 90, 12, 64)]
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    settings = dict(attention="triton", dtype="float32", max_model_len=512, max_num_seqs=8, gpu_memory_utilization=0.3)
+
+    def run(**extra):
+        llm = LLM(folder, **settings, **extra)
+        try:
+            batched = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+            alone = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]  # batch 1
+            return batched, alone, llm.engine.overlap
+        finally:
+            llm.shutdown()
+            torch.cuda.empty_cache()
+
+    plain, plain_alone, _ = run()
+    moved.clear()
+    batched, alone, overlap = run(decoding="ngram", num_speculative_tokens=4, prompt_lookup_min=1)
+    assert overlap and batched == plain and alone == plain_alone == plain
+    assert len(moved) > 10 and sum(moved) > 0

@@ -21,28 +21,54 @@ def tokens(outputs) -> list[list[int]]:
     return [list(c.token_ids) for o in outputs for c in o.outputs]
 
 
+@pytest.fixture
+def moved_back(monkeypatch) -> list[int]:
+    """Positions the runner moved back a step planned over a verify step in flight (overlapped scheduling),
+    one entry per such step: the real function runs, this only watches it."""
+    from infer_core.runner import model_runner
+
+    moved: list[int] = []
+    apply = model_runner.apply_rejections
+
+    def watched(inputs, rejected, block_tables, block_size):
+        moved.append(int(rejected.index_select(0, inputs.pending_src).sum()))
+        apply(inputs, rejected, block_tables, block_size)
+
+    monkeypatch.setattr(model_runner, "apply_rejections", watched)
+    return moved
+
+
 @pytest.mark.parametrize("settings", [
     {},
     # prompt chunks beside verify steps, drafts dropped where they don't fit; 320 KV slots for the 418 the
     # batch needs: preemption while drafts are verified
     {"max_num_batched_tokens": 24, "num_kv_blocks": 20},
+    # each step planned while the one before it runs: drafts follow tokens not read yet
+    {"async_scheduling": True},
+    {"async_scheduling": True, "max_num_batched_tokens": 24, "num_kv_blocks": 20},
 ])
-def test_greedy_tokens_equal_plain_greedy(tiny_checkpoint, settings):
+def test_greedy_tokens_equal_plain_greedy(tiny_checkpoint, settings, moved_back):
     folder = str(tiny_checkpoint("qwen3"))
     prompts = repetitive_prompts(11)
     plain = LLM(folder, block_size=16, **settings).generate(prompts, GREEDY, use_tqdm=False)
     llm = LLM(folder, block_size=16, decoding="ngram", num_speculative_tokens=3, **settings)
+    moved_back.clear()
     drafted = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert tokens(drafted) == tokens(plain)
+    assert llm.engine.overlap == bool(settings.get("async_scheduling"))
+    if llm.engine.overlap:  # steps were planned over verify steps, and some of those rejected drafts
+        assert len(moved_back) > 5 and sum(moved_back) > 0
+    else:
+        assert not moved_back
     stats = llm.engine.decoding.stats()
     assert stats.num_accepted_tokens > 10 and stats.num_draft_tokens > stats.num_accepted_tokens  # both paths
     assert sum(stats.accepted_per_position) == stats.num_accepted_tokens
     figures = speculative_figures(llm)  # what `infer bench latency/throughput` rows carry
     assert figures["decoding"] == "ngram" and figures["acceptance_rate"] == round(stats.acceptance_rate, 4)
     assert figures["acceptance_per_position"][0] == round(stats.accepted_per_position[0] / stats.num_drafts, 4)
-    if settings:
+    if "num_kv_blocks" in settings:
         assert llm.engine.stats().num_preemptions > 0
-    if not settings:  # the same prompts again: whole prompts come from the prefix cache
+    if "num_kv_blocks" not in settings:  # the same prompts again: whole prompts come from the prefix cache
         again = llm.generate(prompts, GREEDY, use_tqdm=False)
         assert tokens(again) == tokens(plain) and llm.engine.stats().prefix_hit_tokens > 0
     assert llm.engine.scheduler.kv_allocator.num_free_blocks == llm.engine.num_kv_blocks
@@ -97,3 +123,21 @@ def test_streaming_and_abort(text_engines):
     assert final.outputs[0].token_ids == reference.token_ids[:len(final.outputs[0].token_ids)]
     assert not engine.has_unfinished_requests()
     assert engine.scheduler.kv_allocator.num_free_blocks == engine.num_kv_blocks
+
+
+def test_overlapped_steps_with_sampled_requests(tiny_checkpoint, moved_back):
+    """A sampled request's drafts are kept at random on the host: while one runs, each step waits for the
+    one before it (the seeded tokens are the serial engine's); greedy requests beside it keep the plain tokens,
+    and once it ends the steps overlap again."""
+    folder = str(tiny_checkpoint("qwen3"))
+    prompts = repetitive_prompts(5, lengths=(40, 60))
+    sampled = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=8, ignore_eos=True, seed=4)
+    greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    plain = LLM(folder).generate(prompts[1:], greedy, use_tqdm=False)
+    serial = LLM(folder, decoding="ngram", num_speculative_tokens=3, async_scheduling=False)
+    expected = serial.generate(prompts, [sampled, greedy], use_tqdm=False)
+    llm = LLM(folder, decoding="ngram", num_speculative_tokens=3, async_scheduling=True)
+    moved_back.clear()
+    got = llm.generate(prompts, [sampled, greedy], use_tqdm=False)
+    assert tokens(got[:1]) == tokens(expected[:1]) and tokens(got[1:]) == tokens(plain)
+    assert moved_back  # after the sampled request's 8 tokens the greedy one went on overlapped

@@ -10,12 +10,14 @@ from infer_spec_decode.adaptive import AdaptiveDraftLength
 from infer_spec_decode.ngram_index import NgramIndex
 
 
-def lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+def lookup(tokens: list[int], k: int, min_n: int, max_n: int, searched: int | None = None) -> list[int]:
     """The definition: the longest suffix (max_n..min_n) with an earlier occurrence; k tokens copied on from its
-    latest one, the copy reading its own output where it passes the end (the sequence continued with its period)."""
+    latest one, the copy reading its own output where it passes the end (the sequence continued with its period).
+    ``searched``: occurrences are looked for among the first that many tokens only (followed by one of them)."""
+    searched = len(tokens) if searched is None else searched
     for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
         suffix = tokens[-n:]
-        for start in range(len(tokens) - n - 1, -1, -1):
+        for start in range(searched - n - 1, -1, -1):
             if tokens[start:start + n] == suffix:
                 extended = list(tokens)
                 for i in range(k):
@@ -44,6 +46,18 @@ def test_incremental_index_equals_the_definition():
             k = rng.randrange(0, 5)
             assert index.propose(tokens, k) == (lookup(tokens, k, min_n, max_n) if k else [])
             tokens.extend(rng.randrange(6) for _ in range(rng.choice((1, 1, 1, 3))))
+
+
+def test_guessed_tokens_extend_the_lookup_without_entering_the_index():
+    """With tokens guessed to follow the read ones, the suffix looked up and the copy end with the guess; the
+    occurrences matched are those among the read tokens (with a read token after them)."""
+    rng = random.Random(4)
+    for _ in range(200):
+        tokens = [rng.randrange(5) for _ in range(rng.randrange(3, 30))]
+        guessed = [rng.randrange(5) for _ in range(rng.randrange(1, 4))]
+        index = NgramIndex(1, 3)
+        assert index.propose(tokens, 3, guessed) == lookup(tokens + guessed, 3, 1, 3, searched=len(tokens))
+        assert index.propose(tokens, 2) == lookup(tokens, 2, 1, 3)  # the guess left nothing in the index
 
 
 def test_bad_lengths_are_refused():

@@ -28,19 +28,21 @@ class NgramIndex:
                 latest[tuple(tokens[end - n:end])] = end - n
         self.num_indexed = len(tokens)
 
-    def propose(self, tokens: list[int], k: int) -> list[int]:
+    def propose(self, tokens: list[int], k: int, guessed: list[int] = ()) -> list[int]:
         """``k`` tokens copied from after the latest earlier occurrence of the longest suffix of ``tokens``
-        (``max_n`` down to ``min_n`` tokens long) that occurred before; [] when none did."""
-        if k <= 0 or len(tokens) < self.min_n + 1:
-            self._extend(tokens)
-            return []
+        (``max_n`` down to ``min_n`` tokens long) that occurred before; [] when none did. ``guessed``:
+        tokens taken to follow ``tokens`` without being indexed (a step's output not read yet); the
+        suffix looked up and the copy then end with them."""
         self._extend(tokens)
+        context = tokens + list(guessed) if guessed else tokens
+        if k <= 0 or len(context) < self.min_n + 1:
+            return []
         latest = self.latest
-        for n in range(min(self.max_n, len(tokens) - 1), self.min_n - 1, -1):
-            start = latest.get(tuple(tokens[-n:]))
+        for n in range(min(self.max_n, len(context) - 1), self.min_n - 1, -1):
+            start = latest.get(tuple(context[-n:]))
             if start is not None:
-                draft = tokens[start + n:start + n + k]
+                draft = context[start + n:start + n + k]
                 while len(draft) < k:  # the copy overlaps its own output
-                    draft.append(draft[len(draft) - (len(tokens) - start - n)])
+                    draft.append(draft[len(draft) - (len(context) - start - n)])
                 return draft
         return []

@@ -42,6 +42,7 @@ class RejectionSampling(DecodingPolicy):
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.accepted_per_position = [0] * self.k
+        self.wrong_guesses: set[str] = set()  # this step's drafts that followed a guess found wrong: k stays
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -100,7 +101,8 @@ class RejectionSampling(DecodingPolicy):
         self.num_accepted_tokens += num_accepted
         for j in range(num_accepted):
             self.accepted_per_position[j] += 1
-        self.lengths.record(request_id, num_drafted, num_accepted)
+        if request_id not in self.wrong_guesses:
+            self.lengths.record(request_id, num_drafted, num_accepted)
 
     def stats(self) -> SpecDecodingStats:
         return SpecDecodingStats(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
