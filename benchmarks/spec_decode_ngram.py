@@ -7,7 +7,8 @@ step, prompt_lookup_min/max as set), in the same process. The figure is output t
 of wall time over a workload (after a warm-up), the acceptance rate and mean acceptance length of
 the drafts, and whether the speculative tokens equal the plain ones (they must: greedy).
 
-    python -m benchmarks.spec_decode_ngram [--device cuda] [--new-tokens 256] [--k 4] [--dtype D] [--attention A] [--apart] [--out DIR]
+    python -m benchmarks.spec_decode_ngram [--device cuda] [--new-tokens 256] [--k 4] [--dtype D] [--attention A]
+        [--apart] [--serial] [--repeats N] [--out DIR]
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def run(decoding: str, args: argparse.Namespace) -> dict[str, dict]:
         settings["attention"] = args.attention
     if decoding == "ngram":
         settings.update(num_speculative_tokens=args.k, prompt_lookup_min=args.min_n, prompt_lookup_max=args.max_n)
+        if args.serial:
+            settings["async_scheduling"] = False
     llm = LLM(**settings)
     params = SamplingParams(temperature=0, max_tokens=args.new_tokens)
     llm.chat(workloads()["free"][0], SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)  # warm-up
@@ -60,7 +63,8 @@ def run(decoding: str, args: argparse.Namespace) -> dict[str, dict]:
     for name, chats in workloads().items():
         before = llm.engine.decoding.stats()
         start = time.perf_counter()
-        outputs = [llm.chat(chat, params, use_tqdm=False)[0].outputs[0] for chat in chats]  # batch 1
+        outputs = [llm.chat(chat, params, use_tqdm=False)[0].outputs[0]  # batch 1
+                   for _ in range(args.repeats) for chat in chats]
         seconds = time.perf_counter() - start
         num_tokens = sum(len(o.token_ids) for o in outputs)
         row = {"decoding": decoding, "workload": name, "output_tokens": num_tokens, "seconds": round(seconds, 3),
@@ -107,6 +111,9 @@ def main() -> None:
     parser.add_argument("--attention", default=None, help="one attention backend for both engines (default: each "
                         "engine's own choice)")
     parser.add_argument("--apart", action="store_true", help="each engine in a process of its own")
+    parser.add_argument("--serial", action="store_true", help="the n-gram engine plans each step after the one "
+                        "before it has reported (async_scheduling off)")
+    parser.add_argument("--repeats", type=int, default=1, help="each workload's prompts this many times over")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     measure = run_apart if args.apart else run
@@ -125,7 +132,8 @@ def main() -> None:
               f"{spec[name]['first_difference']}")
     settings = {"model": "default (SmolLM2-135M-Instruct)", "batch": 1, "greedy": True, "new_tokens": args.new_tokens,
                 "num_speculative_tokens": args.k, "prompt_lookup_min": args.min_n, "prompt_lookup_max": args.max_n,
-                "device": args.device, "dtype": args.dtype, "attention": args.attention, "apart": args.apart, "prompts_per_workload": len(PARAGRAPHS)}
+                "device": args.device, "dtype": args.dtype, "attention": args.attention, "apart": args.apart, "prompts_per_workload": len(PARAGRAPHS),
+                "serial": args.serial, "repeats": args.repeats}
     print(write_result("spec-decode-ngram", settings, results, args.out))
 
 
