@@ -18,7 +18,7 @@ from infer_core.runner.prompt_logprobs import PromptLogprobPlan
 from infer_core.runner.state import RequestTable
 
 # The packed 1-D inputs, in order: per token, then per request (+1 for query_start_loc's end).
-_TOKEN_FIELDS = ("input_ids", "positions", "slot_mapping", "logits_indices", "token_rows")
+_TOKEN_FIELDS = ("input_ids", "positions", "slot_mapping", "logits_indices")
 _REQUEST_FIELDS = ("query_start_loc", "seq_lens", "pending_dst", "pending_src", "decode_order", "pending_rows")
 
 
@@ -40,7 +40,6 @@ class StepInputs:
     pending_dst: torch.Tensor | None = None  # int32 flat-batch indices
     pending_src: torch.Tensor | None = None  # int32 rows of the previous step's sampled ids
     pending_rows: torch.Tensor | None = None  # int32 batch index of each pending token's request
-    token_rows: torch.Tensor | None = None  # int32 batch index of each token's request (``with_token_rows``)
     # > 0 when pending_dst and pending_src are both 0..n-1 (steady decode: the batch in the previous step's
     # order, every row pending): then ``input_ids[:n] = previous_sampled[:n]``, one copy instead of a gather
     pending_prefix: int = 0
@@ -123,7 +122,7 @@ def build_step_inputs(
     output: SchedulerOutput, states: RequestTable, block_size: int, device: torch.device,
     buffers: StepBuffers | None = None, padded_num_reqs: int | None = None,
     previous_sample_rows: dict[str, int] | None = None, padded_num_tokens: int | None = None,
-    piecewise_graph: int | None = None, with_token_rows: bool = False,
+    piecewise_graph: int | None = None,
 ) -> StepInputs:
     """The flat batch of ``output``; with ``padded_num_reqs``, padded with one-token dummy requests
     (decode-only steps replayed by a CUDA graph of that size); with ``padded_num_tokens``, padded
@@ -131,8 +130,7 @@ def build_step_inputs(
     ``piecewise_graph``, padded so too (any step, replayed by the piecewise graphs of that size).
 
     ``previous_sample_rows``: request id -> row of the previous step's sampled ids, for requests
-    whose last token is still pending (see ``StepInputs.pending_dst``). ``with_token_rows``: fill
-    ``StepInputs.token_rows`` too.
+    whose last token is still pending (see ``StepInputs.pending_dst``).
     """
     scheduled = output.num_scheduled_tokens
     request_ids = _batch_order(scheduled)
@@ -194,8 +192,6 @@ def build_step_inputs(
     if len(pending_reqs):
         pending_prefix = _place_pending(request_ids, pending_reqs, num_known - 1 - computed, query_lens,
                                         query_start_loc, previous_sample_rows, h)
-    if with_token_rows:
-        h["token_rows"][:num_tokens] = np.repeat(np.arange(num_reqs, dtype=np.int32), query_lens)
 
     if padded_tokens > num_tokens:
         buffers.fill_padding(num_tokens, padded_tokens, num_reqs, padded_reqs, block_size)
@@ -235,7 +231,6 @@ def build_step_inputs(
         pending_src=d["pending_src"][: len(pending_reqs)] if len(pending_reqs) else None,
         pending_prefix=pending_prefix,
         pending_rows=d["pending_rows"][: len(pending_reqs)] if len(pending_reqs) else None,
-        token_rows=d["token_rows"][:num_tokens] if with_token_rows else None,
     )
 
 

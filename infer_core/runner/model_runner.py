@@ -34,7 +34,7 @@ from infer_core.models.build import BuildContext
 from infer_core.platform import use_physical_cores
 from infer_core.models.weights import load_model_weights
 from infer_core.profiling import step_range
-from infer_core.runner.accepted_drafts import AcceptedDrafts, apply_rejections
+from infer_core.runner.accepted_drafts import AcceptedDrafts
 from infer_core.runner.cuda_graphs import CudaGraphRunner, forward_step, graph_for
 from infer_core.runner.graph_plan import capture_graphs, prefill_graph_sizes, uses_cuda_graphs
 from infer_core.runner.piecewise_graphs import PiecewiseGraphs
@@ -220,23 +220,18 @@ class ModelRunner:
         decode_graph, prefill_graph = (None, None) if scoring else graph_for(self.graphs, output)
         piecewise = (self.piecewise.padded_size(output.total_num_scheduled_tokens) if self.piecewise is not None
                      and decode_graph is prefill_graph is None and not scoring else None)
-        accepted = self.last_accepted
         inputs = build_step_inputs(output, self.requests, self.config.block_size, self.device, self.buffers,
-                                   decode_graph, self.last_sample_rows, prefill_graph, piecewise,
-                                   with_token_rows=accepted is not None)
+                                   decode_graph, self.last_sample_rows, prefill_graph, piecewise)
         if scoring:
             inputs.prompt_plan = plan_prompt_logprobs(scoring, inputs, output.num_scheduled_tokens, self.requests)
-        rejected = None
-        if accepted is not None and inputs.pending_rows is not None:  # planned over a verify step still running
+        if self.last_accepted is not None and inputs.pending_dst is not None:  # planned over a verify step
             pending_ids = [rid for rid in inputs.request_ids if self.requests[rid].num_pending_tokens]
-            self.last_sampled, rejected = accepted.resolve(pending_ids)
-        if inputs.pending_prefix:  # steady decode: the previous step's ids, in order, are the first inputs
+            self.last_accepted.apply(inputs, pending_ids, inputs.metadata.block_tables, self.config.block_size)
+        elif inputs.pending_prefix:  # steady decode: the previous step's ids, in order, are the first inputs
             inputs.input_ids[: inputs.pending_prefix].copy_(self.last_sampled[: inputs.pending_prefix])
         elif inputs.pending_dst is not None:
             pending_ids = self.last_sampled.index_select(0, inputs.pending_src).to(inputs.input_ids.dtype)
             inputs.input_ids.index_put_((inputs.pending_dst,), pending_ids)
-        if rejected is not None:
-            apply_rejections(inputs, rejected, inputs.metadata.block_tables, self.config.block_size)
         return inputs
 
     def forward_eager(self, inputs: StepInputs) -> torch.Tensor | None:

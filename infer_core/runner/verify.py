@@ -59,19 +59,25 @@ def _count_earlier_drafts(batch: SamplingBatch, sampled_ids: list[str], offsets:
 class VerifiedStep(SampledStep):
     """A sampled step whose output also carries each position's draft-token probability (``draft_probs``)."""
 
-    def __init__(self, request_ids, sample_rows, states, sampled, draft_probs: torch.Tensor,
-                 accepted: AcceptedDrafts, logits=None, slot=None) -> None:
+    def __init__(self, request_ids, sample_rows, states, sampled, draft_probs: torch.Tensor | None,
+                 draft_ids: list[int], accepted: AcceptedDrafts, logits=None, slot=None) -> None:
+        """``draft_probs`` None: every row is greedy, and a draft's probability is 1 where it is the sampled
+        token, else 0 (told on the host from the ids, without copying the probabilities)."""
         self.accepted = accepted
-        if draft_probs.is_cuda:  # queued before the ids' copy and its event, which then covers it too
+        if draft_probs is not None and draft_probs.is_cuda:  # queued before the ids' copy, whose event covers it
             host = torch.empty(draft_probs.shape, dtype=draft_probs.dtype, pin_memory=True)
             draft_probs = host.copy_(draft_probs, non_blocking=True)
-        self.draft_probs = draft_probs
+        self.draft_probs, self.draft_ids = draft_probs, draft_ids
         super().__init__(request_ids, sample_rows, states, sampled, logits, slot)
 
     def _collect(self) -> RunnerOutput:
         output = super()._collect()
+        if self.draft_probs is not None:
+            probs = self.draft_probs.tolist()
+        else:
+            probs = [float(token == draft) for token, draft in zip(self.token_ids.tolist(), self.draft_ids)]
         per_request: list[list[float]] = [[] for _ in self.request_ids]
-        for row, prob in zip(self.sample_rows, self.draft_probs.tolist()):
+        for row, prob in zip(self.sample_rows, probs):
             per_request[row].append(prob)
         output.draft_probs = per_request
         return output
@@ -93,5 +99,6 @@ def verify_drafts(inputs: StepInputs, logits: torch.Tensor, spec_token_ids: dict
                           if draft >= 0 and not state.sampling_params.is_greedy)
     accepted = AcceptedDrafts(result.token_ids, drafts, inputs.sample_rows, at_random)
     slot = host_slots.take(result.token_ids.shape[0]) if host_slots is not None else None
-    return VerifiedStep(inputs.request_ids, inputs.sample_rows, states, result, draft_probs, accepted,
+    return VerifiedStep(inputs.request_ids, inputs.sample_rows, states, result,
+                        None if batch.all_greedy else draft_probs, draft_ids, accepted,
                         logits if return_logits else None, slot)

@@ -83,14 +83,16 @@ def test_a_draft_model_on_the_gpu_gives_plain_greedy_tokens(tiny_checkpoint):
 @pytest.mark.gpu
 def test_overlapped_ngram_steps_on_the_gpu_give_plain_greedy_tokens(tiny_checkpoint, monkeypatch):
     """Overlapped scheduling with n-gram drafts on CUDA graphs (float32: argmax ties of bfloat16 aside): each step
-    is planned while the verify step before it runs and moved back on the device by its rejected drafts."""
+    is planned while the verify step before it runs and moved back on the device by its rejected drafts (the
+    kernel of layers/sampling/kept_drafts.py)."""
     pytest.importorskip("infer_attention_triton")
-    from infer_core.runner import model_runner
+    from infer_core.runner.accepted_drafts import AcceptedDrafts
 
-    moved: list[int] = []
-    apply = model_runner.apply_rejections
-    monkeypatch.setattr(model_runner, "apply_rejections",
-                        lambda inputs, rejected, *rest: moved.append(int(rejected.sum())) or apply(inputs, rejected, *rest))
+    planned_over: list[int] = []  # steps planned over a verify step: their pending requests
+    apply = AcceptedDrafts.apply
+    monkeypatch.setattr(AcceptedDrafts, "apply",
+                        lambda self, inputs, pending, *rest: planned_over.append(len(pending)) or apply(
+                            self, inputs, pending, *rest))
     folder = str(tiny_checkpoint("qwen3"))
     rng = random.Random(9)
     prompts = [[rng.randrange(3, 30) for _ in range(n)] for n in (40, 90, 12, 64)]
@@ -102,13 +104,14 @@ def test_overlapped_ngram_steps_on_the_gpu_give_plain_greedy_tokens(tiny_checkpo
         try:
             batched = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
             alone = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]  # batch 1
-            return batched, alone, llm.engine.overlap
+            return batched, alone, llm.engine.decoding.stats(), llm.engine.overlap
         finally:
             llm.shutdown()
             torch.cuda.empty_cache()
 
-    plain, plain_alone, _ = run()
-    moved.clear()
-    batched, alone, overlap = run(decoding="ngram", num_speculative_tokens=4, prompt_lookup_min=1)
+    plain, plain_alone, _, _ = run()
+    planned_over.clear()
+    batched, alone, stats, overlap = run(decoding="ngram", num_speculative_tokens=4, prompt_lookup_min=1)
     assert overlap and batched == plain and alone == plain_alone == plain
-    assert len(moved) > 10 and sum(moved) > 0
+    assert len(planned_over) > 10 and max(planned_over) > 1  # batch 1 and batched
+    assert stats.num_draft_tokens > stats.num_accepted_tokens > 0  # drafts kept and drafts rejected

@@ -25,16 +25,16 @@ def tokens(outputs) -> list[list[int]]:
 def moved_back(monkeypatch) -> list[int]:
     """Positions the runner moved back a step planned over a verify step in flight (overlapped scheduling),
     one entry per such step: the real function runs, this only watches it."""
-    from infer_core.runner import model_runner
+    from infer_core.runner import accepted_drafts
 
     moved: list[int] = []
-    apply = model_runner.apply_rejections
+    apply = accepted_drafts.apply_rejections
 
     def watched(inputs, rejected, block_tables, block_size):
         moved.append(int(rejected.index_select(0, inputs.pending_src).sum()))
         apply(inputs, rejected, block_tables, block_size)
 
-    monkeypatch.setattr(model_runner, "apply_rejections", watched)
+    monkeypatch.setattr(accepted_drafts, "apply_rejections", watched)
     return moved
 
 

@@ -1,0 +1,66 @@
+"""A step planned over a greedy verify step still running, made exact on the device in one launch.
+
+The scheduler planned step N+1 as if step N kept every draft (runner/accepted_drafts.py states the
+invariant). For each request of step N+1 that step N sampled, one program reads step N's rows of that
+request (draft ids and sampled ids), finds the first position whose draft differs from the sampled
+token (the position after the last draft verifies none, so there is one), writes that position's
+token as the request's first input of step N+1, and moves the request's positions back by the rows
+after it: its positions, KV slots and sequence length. In torch that is about thirty small launches;
+at batch 1 each costs the host as much as the GPU's whole share of it. Importing this module imports
+triton.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _kept_drafts_kernel(sampled_ptr, draft_ptr, seg_start_ptr, seg_end_ptr,
+                        pending_src_ptr, pending_rows_ptr, pending_dst_ptr,
+                        input_ids_ptr, positions_ptr, slot_mapping_ptr, seq_lens_ptr, query_start_ptr,
+                        block_tables_ptr, block_table_stride, block_size,
+                        BLOCK_ROWS: tl.constexpr, BLOCK_QUERY: tl.constexpr):
+    p = tl.program_id(0)
+    src = tl.load(pending_src_ptr + p)
+    lo = tl.load(seg_start_ptr + src)
+    hi = tl.load(seg_end_ptr + src)
+    rows = lo + tl.arange(0, BLOCK_ROWS)
+    in_seg = rows < hi
+    drafts = tl.load(draft_ptr + rows, mask=in_seg, other=-1)
+    tokens = tl.load(sampled_ptr + rows, mask=in_seg, other=-1)
+    missed = in_seg & (drafts != tokens.to(drafts.dtype))
+    first_missed = tl.min(tl.where(missed, rows, hi), axis=0)
+    kept = tl.load(sampled_ptr + first_missed)
+    tl.store(input_ids_ptr + tl.load(pending_dst_ptr + p), kept.to(input_ids_ptr.dtype.element_ty))
+    rejected = (hi - 1 - first_missed).to(tl.int32)
+    row = tl.load(pending_rows_ptr + p)
+    tl.store(seq_lens_ptr + row, tl.load(seq_lens_ptr + row) - rejected)
+    q0 = tl.load(query_start_ptr + row)
+    q1 = tl.load(query_start_ptr + row + 1)
+    query = q0 + tl.arange(0, BLOCK_QUERY)
+    in_query = query < q1
+    positions = tl.load(positions_ptr + query, mask=in_query, other=0) - rejected
+    tl.store(positions_ptr + query, positions, mask=in_query)
+    blocks = tl.load(block_tables_ptr + row.to(tl.int64) * block_table_stride + positions // block_size,
+                     mask=in_query, other=0)
+    tl.store(slot_mapping_ptr + query, blocks * block_size + positions % block_size, mask=in_query)
+
+
+def keep_drafts(sampled: torch.Tensor, draft_ids: torch.Tensor, seg_start: torch.Tensor, seg_end: torch.Tensor,
+                pending_src: torch.Tensor, pending_rows: torch.Tensor, pending_dst: torch.Tensor,
+                input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor, seq_lens: torch.Tensor,
+                query_start_loc: torch.Tensor, block_tables: torch.Tensor, block_size: int,
+                max_rows: int, max_query_len: int) -> None:
+    """For every pending request p (``pending_src[p]``: its index among step N's sampled requests, whose rows are
+    ``seg_start..seg_end``; ``pending_rows[p]``: its batch row in step N+1; ``pending_dst[p]``: its first input's
+    flat index): place its last kept token and move its positions back by the rows step N rejected, in place."""
+    num_pending = pending_src.shape[0]
+    if num_pending:
+        _kept_drafts_kernel[(num_pending,)](
+            sampled, draft_ids, seg_start, seg_end, pending_src, pending_rows, pending_dst,
+            input_ids, positions, slot_mapping, seq_lens, query_start_loc, block_tables, block_tables.stride(0),
+            block_size, BLOCK_ROWS=triton.next_power_of_2(max_rows), BLOCK_QUERY=triton.next_power_of_2(max_query_len),
+            num_warps=1)
