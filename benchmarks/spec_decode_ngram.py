@@ -8,7 +8,7 @@ of wall time over a workload (after a warm-up), the acceptance rate and mean acc
 the drafts, and whether the speculative tokens equal the plain ones (they must: greedy).
 
     python -m benchmarks.spec_decode_ngram [--device cuda] [--new-tokens 256] [--k 4] [--dtype D] [--attention A]
-        [--apart] [--serial] [--repeats N] [--out DIR]
+        [--apart] [--serial] [--repeats N] [--profile STEPS] [--out DIR]
 """
 
 from __future__ import annotations
@@ -80,8 +80,29 @@ def run(decoding: str, args: argparse.Namespace) -> dict[str, dict]:
                        accepted_per_position=[a - b for a, b in zip(after.accepted_per_position,
                                                                     before.accepted_per_position)])
         rows[name] = row
+    if args.profile:
+        rows["grounded"]["profile"] = profile_grounded(llm, args)
     llm.shutdown()
     return rows
+
+
+def profile_grounded(llm, args: argparse.Namespace) -> dict:
+    """The step breakdown (host ranges, GPU busy) over the grounded workload's first prompt, its first steps."""
+    from infer_core import SamplingParams
+    from infer_core.bench.step_profile import format_breakdown, profile_steps
+
+    engine = llm.engine
+    text = engine.render_chat(workloads()["grounded"][0], True, None)
+    engine.add_request("profiled", text, SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True),
+                       add_special_tokens=False)
+    for _ in range(3):  # the prefill and the first steps
+        engine.step()
+    breakdown = profile_steps(engine.step, args.profile)
+    engine.abort("profiled")
+    while engine.has_unfinished_requests():
+        engine.step()
+    print(format_breakdown(f"{engine.config.settings.decoding}, grounded", breakdown))
+    return breakdown
 
 
 def run_apart(decoding: str, args: argparse.Namespace) -> dict[str, dict]:
@@ -114,6 +135,8 @@ def main() -> None:
     parser.add_argument("--serial", action="store_true", help="the n-gram engine plans each step after the one "
                         "before it has reported (async_scheduling off)")
     parser.add_argument("--repeats", type=int, default=1, help="each workload's prompts this many times over")
+    parser.add_argument("--profile", type=int, default=0, help="then this many steps of a grounded prompt (greedy, "
+                        "ignore_eos) under the profiler: host ranges and GPU busy a step")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     measure = run_apart if args.apart else run

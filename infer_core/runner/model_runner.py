@@ -200,9 +200,10 @@ class ModelRunner:
                                             [None for _ in inputs.request_ids], prompt_logprobs=scored))
         step = self._sample(inputs, logits) if not output.spec_token_ids else None
         if step is None:  # drafts to verify: each position's token and its draft's probability
-            step = verify_drafts(inputs, logits, output.spec_token_ids, self.requests, self.config.model.vocab_size,
-                                 self.config.eos_token_ids, self.device, self.generator, self.host_slots,
-                                 self.return_logits)
+            with step_range("infer.sample"):
+                step = verify_drafts(inputs, logits, output.spec_token_ids, self.requests,
+                                     self.config.model.vocab_size, self.config.eos_token_ids, self.device,
+                                     self.generator, self.host_slots, self.return_logits)
             self.last_sampled, self.last_step, self.last_accepted = None, None, step.accepted
             self.last_sample_rows = step.accepted.request_index(inputs.request_ids)
         step.prompt_logprobs = scored
