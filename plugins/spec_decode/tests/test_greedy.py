@@ -141,3 +141,24 @@ def test_overlapped_steps_with_sampled_requests(tiny_checkpoint, moved_back):
     got = llm.generate(prompts, [sampled, greedy], use_tqdm=False)
     assert tokens(got[:1]) == tokens(expected[:1]) and tokens(got[1:]) == tokens(plain)
     assert moved_back  # after the sampled request's 8 tokens the greedy one went on overlapped
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_tensor_parallel_ngram_gives_plain_greedy_tokens(tiny_checkpoint, overlap):
+    """Two ranks (gloo) verify the same drafts: each samples from the all-gathered logits and, overlapped, moves
+    its own planned step back by the drafts its own verify step rejected; the tokens are one rank's plain ones."""
+    pytest.importorskip("infer_parallel_tp")
+    folder = str(tiny_checkpoint("qwen3"))
+    prompts = repetitive_prompts(7, lengths=(30, 90, 12))
+    settings = {"device": "cpu", "dtype": "float32", "block_size": 16, "num_kv_blocks": 64}
+    plain = LLM(folder, **settings).generate(prompts, GREEDY, use_tqdm=False)
+    llm = LLM(folder, tensor_parallel_size=2, decoding="ngram", num_speculative_tokens=3, async_scheduling=overlap,
+              **settings)
+    try:
+        assert llm.engine.overlap is overlap
+        drafted = llm.generate(prompts, GREEDY, use_tqdm=False)
+        stats = llm.engine.decoding.stats()
+    finally:
+        llm.shutdown()
+    assert tokens(drafted) == tokens(plain)
+    assert stats.num_draft_tokens > stats.num_accepted_tokens > 0
