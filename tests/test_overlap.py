@@ -162,6 +162,34 @@ def test_scheduler_counts_the_in_flight_step():
     assert update.finished and request.output_token_ids == [9, 8] and request.num_computed_tokens == 4
 
 
+def test_scheduler_counts_a_verify_step_in_flight_as_keeping_every_draft():
+    """A verify step of k drafts counts k+1 pending tokens; the next plan starts after them and its drafts never
+    pass max_tokens; the rejected drafts are taken back when the verify step is read; and a request whose pending
+    tokens reach max_tokens is not planned again, drafts or not."""
+    scheduler = FCFSScheduler(SchedulerConfig(4, 64, 100, num_lookahead_tokens=3), PagedKVAllocator(16, 4, False))
+    request = _decode_request(max_tokens=8)
+    scheduler.add(request)
+    prefill = scheduler.schedule()
+    scheduler.update(prefill, RunnerOutput(["r"], [[9]], [None]), {"r": [9]})  # prompt 5 6 7, then 9
+    request.spec_token_ids = [10, 11, 12]
+    verify = scheduler.schedule()
+    assert verify.num_scheduled_tokens == {"r": 4} and verify.spec_token_ids == {"r": [10, 11, 12]}
+    assert request.num_pending_tokens == 4  # as if 10, 11, 12 and the token after them were kept
+    request.spec_token_ids = [13, 14, 15]
+    after = scheduler.schedule()  # the verify step is not back yet
+    (cached,) = after.cached_requests
+    assert (cached.num_computed_tokens, cached.num_pending_tokens) == (7, 4)  # from position 7 = 3 + 4
+    assert after.spec_token_ids == {"r": [13, 14]}  # 1 + 4 + 2 drafts + 1 = max_tokens 8
+    assert request.num_pending_tokens == 4 + 3
+    request.spec_token_ids = [16]
+    assert scheduler.schedule().is_empty  # its pending tokens reach max_tokens: not planned, though it drafted
+    # the verify step kept 10 and rejected 11 (the target's token there is 20): positions 3 and 4 (9, 10) computed,
+    # 5 and 6 taken back; the step planned over it (1 + 2 drafts) is still in flight
+    scheduler.update(verify, RunnerOutput(["r"], [[10, 20, 0, 0]], [None]), {"r": [10, 20]})
+    assert (request.num_computed_tokens, request.num_inflight_tokens, request.num_pending_tokens) == (5, 3, 3)
+    assert request.output_token_ids == [9, 10, 20]
+
+
 @pytest.mark.gpu
 def test_host_slots_are_reused_once_read_and_replaced_while_unread():
     """The pinned buffers for sampled ids (runner/step_output.py): a step's ids land in its slot; a slot is

@@ -52,6 +52,7 @@ from infer_core.interfaces import (
 )
 from infer_core.loader import EngineSpec
 from infer_core.profiling import step_range
+from infer_core.runner.accepted_drafts import may_plan_over_verify_steps
 from infer_core.runner.gc_policy import STEP_LOOP_GC
 from infer_core.runner.worker import Worker
 from infer_core.sampling_params import SamplingParams
@@ -123,6 +124,8 @@ class EngineCore:
             raise
         self.overlap = bool(settings.async_scheduling and self.executor.supports_overlap
                             and self.scheduler.supports_overlap)
+        attention = spec.chosen["attention"].load().capabilities(spec.context)
+        self.overlaps_verify_steps = may_plan_over_verify_steps(spec.context.device, attention)
         self._in_flight: tuple[SchedulerOutput, PendingOutput] | None = None  # launched, not yet read
         self.last_plan: SchedulerOutput | None = None  # what the last ``step`` launched (the core loop's tally reads it)
         self.counters = EngineCounters()
@@ -236,7 +239,8 @@ class EngineCore:
         updates: list[RequestUpdate] = []
         with step_range("infer.schedule"):
             live = self._drafting_requests()
-            if self._in_flight is not None and live and not self.decoding.overlaps(live):
+            if self._in_flight is not None and live and not (self.overlaps_verify_steps
+                                                             and self.decoding.overlaps(live)):
                 previous, self._in_flight = self._in_flight, None  # drafts that need the step's tokens first
                 updates = self._finish_step(*previous)
                 live = self._drafting_requests()

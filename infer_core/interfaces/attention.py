@@ -28,6 +28,10 @@ class AttentionCapabilities:
     # The KV cache element types it reads and writes (``INFER_KV_CACHE_DTYPE``): "auto" is the model's
     # dtype; "fp8" is float8 e4m3 holding value / scale, with the layer's ``k_scale``/``v_scale``.
     kv_cache_dtypes: tuple[str, ...] = ("auto",)
+    # Each request's lengths are read from BatchMetadata's device tensors, the host copies (max_seq_len,
+    # seq_lens_cpu) taken as upper bounds only: a step planned over a verify step still running may then be moved
+    # back on the device by the drafts it rejected (runner/accepted_drafts.py) without the host knowing how far.
+    reads_device_lengths: bool = False
 
 
 @dataclass(frozen=True, slots=True)

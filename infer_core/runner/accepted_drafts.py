@@ -22,8 +22,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from infer_core.interfaces import AttentionCapabilities
 from infer_core.runner.inputs import StepInputs
 from infer_core.runner.sampling_inputs import to_device
+
+
+def may_plan_over_verify_steps(device: str, attention: AttentionCapabilities) -> bool:
+    """Whether a step may be planned over a verify step still running: its lengths are moved back on the device
+    only, so the attention must read them there (``reads_device_lengths``), or its host copies must be the device's
+    own buffers (the CPU's)."""
+    return device == "cpu" or attention.reads_device_lengths
 
 
 class AcceptedDrafts:

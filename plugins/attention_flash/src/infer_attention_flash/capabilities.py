@@ -22,6 +22,7 @@ CAPABILITIES = AttentionCapabilities(
     default_block_size=PAGED_BLOCK_MULTIPLE,
     supports_sliding_window=True,
     supports_cuda_graphs=True,
+    reads_device_lengths=True,  # the host's lengths only give flash-attn its maximum lengths
 )
 
 

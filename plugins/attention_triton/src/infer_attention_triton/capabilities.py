@@ -21,6 +21,7 @@ CAPABILITIES = AttentionCapabilities(
     supports_cuda_graphs=True,
     supports_prefill_cuda_graphs=True,  # prefill_attention: grid from max_query_len, lengths read on the device
     kv_cache_dtypes=("auto", "fp8"),  # fp8: quantized on write, dequantized on read, inside the kernels
+    reads_device_lengths=True,  # the host's max_seq_len only sizes the decode split count
 )
 
 
