@@ -272,16 +272,9 @@ class EngineCore:
 
     def _drafting_requests(self) -> list[Request]:
         """With a speculative policy, the requests it may draft for (in the order they were added)."""
-        if not self.decoding.num_speculative_tokens:
-            return []
-        live = []
-        for request_id in list(self._drafting_ids):
-            request = self.scheduler.get(request_id)
-            if request is None:
-                del self._drafting_ids[request_id]  # finished
-            else:
-                live.append(request)
-        return live
+        for request_id in [r for r in self._drafting_ids if self.scheduler.get(r) is None]:
+            del self._drafting_ids[request_id]  # finished
+        return [self.scheduler.get(request_id) for request_id in self._drafting_ids]
 
     def _propose_drafts(self, live: list[Request]) -> list[Request]:
         """Ask a speculative policy for this step's drafts; the requests that got some."""
