@@ -121,11 +121,11 @@ class FCFSScheduler(Scheduler):
             num_tokens = len(all_token_ids)
             num_pending = request.num_pending_tokens
             num_computed = request.num_computed_tokens + request.num_inflight_tokens
-            if num_tokens + num_pending - num_computed == 1:
-                if num_pending and (num_tokens + num_pending - request.num_prompt_tokens >= request.max_tokens
-                                    or num_tokens + num_pending >= max_model_len):
-                    continue  # its last token is in flight: it ends when that step returns
-            if num_tokens + num_pending - num_computed == 1 and not request.spec_token_ids:
+            decodes = num_tokens + num_pending - num_computed == 1
+            if decodes and num_pending and (num_tokens + num_pending - request.num_prompt_tokens >= request.max_tokens
+                                            or num_tokens + num_pending >= max_model_len):
+                continue  # its last token is in flight: it ends when that step returns
+            if decodes and not request.spec_token_ids:
                 num_new, drafts = 1, None  # a plain decode step, the common case (budget > 0 here)
             else:
                 num_new, drafts = self._num_new_tokens(request, budget)

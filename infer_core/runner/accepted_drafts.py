@@ -41,15 +41,13 @@ class AcceptedDrafts:
     def __init__(self, sampled: torch.Tensor, draft_ids: torch.Tensor, sample_rows: list[int],
                  kept_at_random: frozenset[str]) -> None:
         """``sample_rows``: the step's batch index of each sampled row; ``kept_at_random``: the requests
-        that verified drafts and do not sample greedily (``apply`` refuses to count theirs)."""
+        that verified drafts and do not sample greedily (``check`` refuses to count theirs)."""
         self.sampled, self.draft_ids = sampled, draft_ids
         self.sample_rows = sample_rows
         self.kept_at_random = kept_at_random
         rows = np.asarray(sample_rows, dtype=np.int64)
         self.seg_start = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])  # each request's first sampled row
         self.seg_end = np.r_[self.seg_start[1:], len(rows)]
-        self._segments: tuple[torch.Tensor, torch.Tensor] | None = None  # the two on the device
-        self._resolved: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def request_index(self, request_ids: list[str]) -> dict[str, int]:
         """Request id -> its index among the step's sampled requests (``pending_src`` of the next step)."""
@@ -57,32 +55,31 @@ class AcceptedDrafts:
 
     def segments(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(first sampled row, end) of each sampled request, on the device."""
-        if self._segments is None:
-            both = to_device(np.concatenate([self.seg_start, self.seg_end]), self.sampled.device)
-            self._segments = both[: len(self.seg_start)], both[len(self.seg_start):]
-        return self._segments
+        both = to_device(np.concatenate([self.seg_start, self.seg_end]), self.sampled.device)
+        return both[: len(self.seg_start)], both[len(self.seg_start):]
 
     def resolve(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(last kept token [R] of the sampled ids' dtype, rejected positions [R] int32), R sampled requests:
         the torch form of what ``apply`` does on CUDA."""
-        if self._resolved is None:
-            num_rows, device = self.sampled.shape[0], self.sampled.device
-            start, end = self.segments()
-            segment = torch.repeat_interleave(torch.arange(len(self.seg_start), device=device), end - start,
-                                              output_size=num_rows)
-            missed = torch.where(self.draft_ids != self.sampled, torch.arange(num_rows, device=device), num_rows)
-            first_missed = torch.full((len(self.seg_start),), num_rows, dtype=torch.int64, device=device)
-            first_missed.scatter_reduce_(0, segment, missed, "amin")  # a request's last row verifies no draft
-            self._resolved = self.sampled.index_select(0, first_missed), (end - 1 - first_missed).to(torch.int32)
-        return self._resolved
+        num_rows, device = self.sampled.shape[0], self.sampled.device
+        start, end = self.segments()
+        segment = torch.repeat_interleave(torch.arange(len(self.seg_start), device=device), end - start,
+                                          output_size=num_rows)
+        missed = torch.where(self.draft_ids != self.sampled, torch.arange(num_rows, device=device), num_rows)
+        first_missed = torch.full((len(self.seg_start),), num_rows, dtype=torch.int64, device=device)
+        first_missed.scatter_reduce_(0, segment, missed, "amin")  # a request's last row verifies no draft
+        return self.sampled.index_select(0, first_missed), (end - 1 - first_missed).to(torch.int32)
 
-    def apply(self, inputs: StepInputs, pending_ids: list[str], block_tables: torch.Tensor, block_size: int) -> None:
-        """Make ``inputs`` (planned as if every draft were kept) exact for its pending requests ``pending_ids``:
-        each one's last kept token placed, its positions, KV slots and sequence length moved back."""
-        if self.kept_at_random and not self.kept_at_random.isdisjoint(pending_ids):
+    def check(self, pending_ids: list[str]) -> None:
+        """Refuse to plan over this step the requests ``pending_ids`` whose drafts were kept at random."""
+        if not self.kept_at_random.isdisjoint(pending_ids):
             raise RuntimeError(f"requests {sorted(self.kept_at_random.intersection(pending_ids))} were planned over "
                                "a verify step that keeps their drafts at random, which cannot be counted on the "
                                "device (a decoding policy overlaps greedy requests only); this is a bug")
+
+    def apply(self, inputs: StepInputs, block_tables: torch.Tensor, block_size: int) -> None:
+        """Make ``inputs`` (planned as if every draft were kept) exact for its pending requests: each one's last
+        kept token placed, its positions, KV slots and sequence length moved back."""
         metadata = inputs.metadata
         if inputs.input_ids.is_cuda:
             from infer_core.layers.sampling.kept_drafts import keep_drafts

@@ -226,8 +226,9 @@ class ModelRunner:
         if scoring:
             inputs.prompt_plan = plan_prompt_logprobs(scoring, inputs, output.num_scheduled_tokens, self.requests)
         if self.last_accepted is not None and inputs.pending_dst is not None:  # planned over a verify step
-            pending_ids = [rid for rid in inputs.request_ids if self.requests[rid].num_pending_tokens]
-            self.last_accepted.apply(inputs, pending_ids, inputs.metadata.block_tables, self.config.block_size)
+            if self.last_accepted.kept_at_random:
+                self.last_accepted.check([rid for rid in inputs.request_ids if self.requests[rid].num_pending_tokens])
+            self.last_accepted.apply(inputs, inputs.metadata.block_tables, self.config.block_size)
         elif inputs.pending_prefix:  # steady decode: the previous step's ids, in order, are the first inputs
             inputs.input_ids[: inputs.pending_prefix].copy_(self.last_sampled[: inputs.pending_prefix])
         elif inputs.pending_dst is not None:

@@ -96,7 +96,7 @@ def main() -> None:
         want = expected(verify, inputs)
         by_torch = copy_of(inputs)
         accepted = AcceptedDrafts(*verify, frozenset())
-        accepted.apply(by_torch, [], by_torch.metadata.block_tables, BLOCK_SIZE)
+        accepted.apply(by_torch, by_torch.metadata.block_tables, BLOCK_SIZE)
         by_kernel = copy_of(inputs)
         start, end = accepted.segments()
         keep_drafts(verify[0], verify[1], start, end, by_kernel.pending_src, by_kernel.pending_rows,
@@ -110,7 +110,7 @@ def main() -> None:
     # a request kept at random cannot be counted: refused, naming it
     verify, inputs, _ = scenario(rng)
     try:
-        AcceptedDrafts(*verify, frozenset({"r0"})).apply(inputs, ["r0"], inputs.metadata.block_tables, BLOCK_SIZE)
+        AcceptedDrafts(*verify, frozenset({"r0"})).check(["r1", "r0"])
     except RuntimeError as error:
         assert "['r0']" in str(error)
     else:

@@ -91,8 +91,8 @@ def test_overlapped_ngram_steps_on_the_gpu_give_plain_greedy_tokens(tiny_checkpo
     planned_over: list[int] = []  # steps planned over a verify step: their pending requests
     apply = AcceptedDrafts.apply
     monkeypatch.setattr(AcceptedDrafts, "apply",
-                        lambda self, inputs, pending, *rest: planned_over.append(len(pending)) or apply(
-                            self, inputs, pending, *rest))
+                        lambda self, inputs, *rest: planned_over.append(inputs.pending_src.shape[0]) or apply(
+                            self, inputs, *rest))
     folder = str(tiny_checkpoint("qwen3"))
     rng = random.Random(9)
     prompts = [[rng.randrange(3, 30) for _ in range(n)] for n in (40, 90, 12, 64)]
