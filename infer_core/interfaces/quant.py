@@ -57,6 +57,12 @@ class LinearMethod(ABC):
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """Return ``x @ W.T + bias`` for the flat batch ``x`` [num_tokens, input_size]."""
 
+    def apply_with_act(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+        """``layer.act(apply(layer, x, bias))`` in one launch, where this method has a kernel for it at ``x``'s size
+        (a gate_up layer's SiLU-and-mul in its GEMV's epilogue); None where it has not: the layer then runs
+        ``apply`` and the activation one after the other. Only asked of layers built with an ``act``."""
+        return None
+
 
 class MoEMethod(ABC):
     """Expert weights and the experts' computation of one mixture-of-experts layer (``layers/moe``).

@@ -121,8 +121,10 @@ class LinearBase(nn.Module):
             if self.fuses_input_norm and decode_sized(x):
                 return norm_gemv(x, self)
             x = x.materialize()
-        out = self.method.apply(self, x, self.bias)
-        return out if self.act is None else self.act(out)
+        if self.act is None:
+            return self.method.apply(self, x, self.bias)
+        out = self.method.apply_with_act(self, x, self.bias)
+        return out if out is not None else self.act(self.method.apply(self, x, self.bias))
 
 
 class ReplicatedLinear(LinearBase):

@@ -159,6 +159,36 @@ def test_another_linear_method_stays_unfused(triton_on_cpu, fused_launches):
     assert torch.equal(got, linear.act(linear.method.apply(linear, want_normed, None)))
 
 
+class ActLinearMethod(PlainLinearMethod):
+    """A method with its own gate_up + SiLU-and-mul launch at one row (``apply_with_act``), as the W8A8 GEMV has."""
+
+    def __init__(self) -> None:
+        self.calls = []
+
+    def apply_with_act(self, layer, x, bias):
+        self.calls.append(x.shape[0])
+        if x.shape[0] != 1:
+            return None
+        gate, up = torch.nn.functional.linear(x.float(), layer.weight.float(), bias).chunk(2, dim=-1)
+        return (torch.nn.functional.silu(gate) * up).to(x.dtype)  # one rounding: not the layer's two
+
+
+def test_a_method_may_apply_the_activation_itself():
+    """A layer built with an activation asks its method for both in one go first (only then runs apply and the
+    activation); a layer without one never asks."""
+    method = ActLinearMethod()
+    _, linear, _ = build(mlp=True, method=method)
+    x = torch.randn(2, HIDDEN, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    one, two = linear(x[:1]), linear(x)
+    assert method.calls == [1, 2]
+    assert torch.equal(one, method.apply_with_act(linear, x[:1], None))
+    assert torch.equal(two, linear.act(torch.nn.functional.linear(x, linear.weight)))
+    qkv_method = ActLinearMethod()
+    _, qkv, _ = build(mlp=False, method=qkv_method)
+    qkv(x)
+    assert qkv_method.calls == []
+
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_tensor_parallel_gate_up_shard(rank, triton_on_cpu, monkeypatch):
     """A rank's gate_up is [gate shard; up shard]: fused on its shard equals unfused and the rank's slice."""

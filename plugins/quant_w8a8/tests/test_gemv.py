@@ -57,6 +57,37 @@ def test_w8_gemv_rounds_once_to_bfloat16(device):
     assert bool(((got.double().cpu() - expected).abs() <= step).all())
 
 
+# K=80 leaves a masked K tail, groups of 16 columns a scale a K step (the halved step stays 16 wide), N=36 a
+# partial column block of the 18 outputs
+@pytest.mark.parametrize("dtype", list(QuantDtype))
+@pytest.mark.parametrize("n, k, rows, group_k, x_dtype", [(36, 80, 1, None, torch.bfloat16),
+                                                          (32, 64, 3, 16, torch.bfloat16),
+                                                          (40, 48, 2, None, torch.float32)])
+def test_w8_gemv_with_silu_is_the_gemv_then_silu_and_mul(device, dtype, n, k, rows, group_k, x_dtype):
+    """gate_up's SiLU-and-mul in the GEMV's epilogue: silu(gate) * up of the exact products, within float32 sums
+    (the fused program's K step is half the plain one's: the same sums in another order) and the activation's
+    roundings to x's dtype; and against the plain GEMV then the SiLU-and-mul kernel, within one rounding."""
+    from infer_core.layers.fused.silu_and_mul import silu_and_mul
+    from infer_quant_w8a8.gemv import w8_gemv
+
+    (x, wq, scale, b), exact = _case(n, k, rows, dtype, group_k, x_dtype, device)
+    got = w8_gemv(x, wq, scale, b, group_k, silu=True)
+    assert got.shape == (rows, n // 2) and got.dtype == x_dtype
+    gate, up = exact.chunk(2, dim=-1)
+    expected = gate * torch.sigmoid(gate) * up
+    two_launches = silu_and_mul(w8_gemv(x, wq, scale, b, group_k)).double().cpu()
+    if x_dtype == torch.float32:
+        torch.testing.assert_close(got.double().cpu(), expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got.double().cpu(), two_launches, rtol=1e-5, atol=1e-6)
+    else:  # gate, up, silu(gate) and the product each rounded to bfloat16 (truncated by the interpreter: a step
+        # each), a rounding of gate moving silu(gate) by up to |gate| times as much where gate is negative
+        step = expected.abs() * 2.0**-7 * (4 + gate.abs()) + 1e-3
+        assert bool(((got.double().cpu() - expected).abs() <= step).all())
+        assert bool(((got.double().cpu() - two_launches).abs() <= step).all())
+    with pytest.raises(ValueError, match="even row count"):
+        w8_gemv(x, wq[:-1], scale[:-1], None, group_k, silu=True)
+
+
 def test_w8_gemv_refuses_more_rows_than_a_decode_batch(device):
     from infer_quant_w8a8.gemv import MAX_ROWS, w8_gemv
 

@@ -15,6 +15,11 @@ past ``num_rows`` repeat the last row and are not stored; the tiles come from (N
 same bytes: :func:`tiles`); launched with programmatic dependent launch where the dense GEMV is
 (``fused.use_pdl``), so it is scheduled while the kernel before it drains. Imports triton: imported only
 where a layer was built for it.
+
+With ``silu`` (gate_up's ``[gate; up]`` weights, followed by SiLU-and-mul) a program owns ``BLOCK_N`` columns of
+the activation: it loads a gate tile and the matching up tile each K step (half the K step, so the same bytes)
+and stores ``silu(gate) * up`` with ``fused/silu_and_mul.py``'s arithmetic on gate and up rounded as this GEMV
+stores them: the two launches' values up to the order of the float32 sums (the K step), one launch fewer.
 """
 
 from __future__ import annotations
@@ -51,43 +56,69 @@ def _load_weights(w_ptrs, k, K, EVEN_K: tl.constexpr, W_INT8: tl.constexpr):
     return w
 
 
+@triton.jit
+def _row_sums(w, x_row, k, K, m, offs_m, acc, EVEN_K: tl.constexpr):
+    """``acc`` with row ``m``'s sums over this K tile added: ``sum_k w[n, k] * x[m, k]``."""
+    if EVEN_K:
+        xm = tl.load(x_row + k).to(tl.float32)
+    else:
+        xm = tl.load(x_row + k, mask=k < K, other=0.0).to(tl.float32)
+    return tl.where(offs_m[:, None] == m, acc + tl.sum(w * xm[None, :], axis=1)[None, :], acc)
+
+
 @triton.jit(do_not_specialize=["num_rows"])
 def _w8_gemv_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, y_ptr, num_rows, N, K, stride_xm, stride_wn, stride_sn,
                     stride_ym, GROUP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, W_INT8: tl.constexpr,
-                    USE_PDL: tl.constexpr):
+                    SILU: tl.constexpr, USE_PDL: tl.constexpr):
+    """``y[M, N]``: ``x @ dequant(W)^T (+ bias)``, or with ``SILU`` ``silu(gate) * up`` of it (W has 2N rows: the
+    gate rows, then the up rows)."""
     pdl_enter(USE_PDL)  # before any load or store (fused/pdl.py): launched early, waits for the kernel before
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     w_rows = tl.minimum(cols, N - 1).to(tl.int64)  # past N: row N-1 again, never stored
+    up_rows = w_rows + N  # SILU only
     offs_k = tl.arange(0, BLOCK_K)
     offs_m = tl.arange(0, BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # SILU only
     for k0 in range(0, K, BLOCK_K):
         k = k0 + offs_k
         w = _load_weights(w_ptr + w_rows[:, None] * stride_wn + k[None, :], k, K, EVEN_K, W_INT8)
-        if GROUP_K > 0:  # the tile lies in one group (BLOCK_K divides GROUP_K): one scale a row
-            w_scale = tl.load(s_ptr + w_rows * stride_sn + k0 // GROUP_K)
+        if SILU:
+            w_up = _load_weights(w_ptr + up_rows[:, None] * stride_wn + k[None, :], k, K, EVEN_K, W_INT8)
+        tile = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        tile_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for m in tl.static_range(BLOCK_M):
             x_row = x_ptr + tl.minimum(m, num_rows - 1) * stride_xm
-            if EVEN_K:
-                xm = tl.load(x_row + k).to(tl.float32)
-            else:
-                xm = tl.load(x_row + k, mask=k < K, other=0.0).to(tl.float32)
-            part = tl.sum(w * xm[None, :], axis=1)
-            if GROUP_K > 0:
-                part = part * w_scale
-            acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+            tile = _row_sums(w, x_row, k, K, m, offs_m, tile, EVEN_K)
+            if SILU:
+                tile_up = _row_sums(w_up, x_row, k, K, m, offs_m, tile_up, EVEN_K)
+        if GROUP_K > 0:  # the tile lies in one group (BLOCK_K divides GROUP_K): one scale a row
+            tile = tile * tl.load(s_ptr + w_rows * stride_sn + k0 // GROUP_K)[None, :]
+            if SILU:
+                tile_up = tile_up * tl.load(s_ptr + up_rows * stride_sn + k0 // GROUP_K)[None, :]
+        acc += tile
+        acc_up += tile_up
     if GROUP_K == 0:
         acc = acc * tl.load(s_ptr + w_rows * stride_sn)[None, :]
+        if SILU:
+            acc_up = acc_up * tl.load(s_ptr + up_rows * stride_sn)[None, :]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+        if SILU:
+            acc_up += tl.load(bias_ptr + N + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    dtype = y_ptr.dtype.element_ty
+    if SILU:  # silu_and_mul.py's arithmetic on gate and up as the plain GEMV stores them
+        gate = acc.to(dtype).to(tl.float32)
+        silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        acc = silu * acc_up.to(dtype).to(tl.float32)
     y_ptrs = y_ptr + offs_m[:, None] * stride_ym + cols[None, :]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m[:, None] < num_rows) & (cols[None, :] < N))
+    tl.store(y_ptrs, acc.to(dtype), mask=(offs_m[:, None] < num_rows) & (cols[None, :] < N))
 
 
-def tiles(n: int, k: int, group_k: int | None, device: torch.device) -> tuple[int, int, int]:
+def tiles(n: int, k: int, group_k: int | None, device: torch.device, silu: bool = False) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, warps) for W [n, k]: the dense GEMV's tiles at two bytes a weight, K tiles no wider
-    than a scale group. From ``LARGE_K`` on, where the dense tiles are a fixed count of elements (8 columns by
+    than a scale group; with ``silu`` (a program loads a gate and an up tile) half the K step. From ``LARGE_K`` on, where the dense tiles are a fixed count of elements (8 columns by
     1024 bf16: 16 KiB a K step), twice as many K columns, so a step loads the dense GEMV's 16 KiB of W and
     each thread holds the dense GEMV's bytes in flight (W bytes in flight per SM is what a decode GEMV's speed
     follows: ``infer_core.layers.fused.gemv_tiles``)."""
@@ -101,12 +132,15 @@ def tiles(n: int, k: int, group_k: int | None, device: torch.device) -> tuple[in
         if group_k & (group_k - 1):
             raise ValueError(f"weight scale groups of {group_k} columns: the GEMV takes groups of a power of two")
         block_k = min(block_k, group_k)
+    if silu:
+        block_k = max(16, block_k // 2)
     return cfg.block_n, block_k, cfg.num_warps
 
 
 def w8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
-            group_k: int | None = None) -> torch.Tensor:
-    """``x @ (weight * scale)^T + bias`` for at most ``MAX_ROWS`` rows of x [..., K]; a new tensor [..., N].
+            group_k: int | None = None, silu: bool = False) -> torch.Tensor:
+    """``x @ (weight * scale)^T + bias`` for at most ``MAX_ROWS`` rows of x [..., K]; a new tensor [..., N]. With
+    ``silu``: ``silu(gate) * up`` of it, [..., N / 2] (weight's first N / 2 rows the gate's, the rest the up's).
 
     ``weight`` [N, K] int8 or float8 e4m3fn, K contiguous; ``scale`` float32 [N, 1] (per channel, ``group_k``
     None) or [N, ceil(K / group_k)] (groups of ``group_k`` columns, a power of two).
@@ -117,24 +151,27 @@ def w8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: to
         raise ValueError(f"weight {tuple(weight.shape)} must be [N, {k}] with contiguous rows for x {tuple(x.shape)}")
     if scale.dim() != 2 or scale.shape[0] != n or scale.dtype != torch.float32:
         raise ValueError(f"scale {tuple(scale.shape)} {scale.dtype} must be float32 [{n}, groups]")
+    if silu and n % 2:
+        raise ValueError(f"SiLU-and-mul needs [gate; up] weights of an even row count, got {n}")
     rows = x.reshape(-1, k)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     num_rows = rows.shape[0]
     if num_rows > MAX_ROWS:
         raise ValueError(f"w8_gemv takes at most {MAX_ROWS} rows, got {num_rows}: use the W8A8 GEMM")
-    out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
+    n_out = n // 2 if silu else n
+    out = torch.empty((*x.shape[:-1], n_out), dtype=x.dtype, device=x.device)
     if num_rows == 0 or n == 0:
         return out
     groups = 1 if group_k is None else -(-k // group_k)
     if scale.shape[1] != groups:
         raise ValueError(f"scale {tuple(scale.shape)} must have {groups} columns for K={k} in groups of {group_k}")
-    block_n, block_k, warps = tiles(n, k, group_k, x.device)
+    block_n, block_k, warps = tiles(n, k, group_k, x.device, silu)
     pdl = use_pdl(rows)
-    _w8_gemv_kernel[(triton.cdiv(n, block_n),)](
-        rows, weight, scale, bias if bias is not None else scale, out, num_rows, n, k, rows.stride(0),
-        weight.stride(0), scale.stride(0), n, GROUP_K=group_k or 0, BLOCK_M=triton.next_power_of_2(num_rows),
+    _w8_gemv_kernel[(triton.cdiv(n_out, block_n),)](
+        rows, weight, scale, bias if bias is not None else scale, out, num_rows, n_out, k, rows.stride(0),
+        weight.stride(0), scale.stride(0), n_out, GROUP_K=group_k or 0, BLOCK_M=triton.next_power_of_2(num_rows),
         BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0, HAS_BIAS=bias is not None,
-        W_INT8=weight.dtype == torch.int8, USE_PDL=pdl, num_warps=warps, launch_pdl=pdl,
+        W_INT8=weight.dtype == torch.int8, SILU=silu, USE_PDL=pdl, num_warps=warps, launch_pdl=pdl,
     )
     return out

@@ -132,6 +132,14 @@ class W8A8LinearMethod(LinearMethod):
         """Whether ``apply`` runs the W8 GEMV on ``x`` (a layer built for it, a decode-sized batch)."""
         return self.gemv and 0 < x.numel() <= GEMV_MAX_ROWS * x.shape[-1]
 
+    def apply_with_act(self, layer, x, bias):
+        """gate_up's SiLU-and-mul in the GEMV's epilogue at decode sizes (``gemv.py``)."""
+        if not self.uses_gemv(layer, x):
+            return None
+        from infer_quant_w8a8.gemv import w8_gemv
+
+        return w8_gemv(x, layer.weight, getattr(layer, self.scale_name), bias, self.scheme.weight.group_k, silu=True)
+
     def apply(self, layer, x, bias):
         if self.uses_gemv(layer, x):
             from infer_quant_w8a8.gemv import w8_gemv
