@@ -57,8 +57,14 @@ def bench_ms(fn) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
-def graph_ms(fn, reps: int = 50) -> float:
-    """Median milliseconds of ``fn`` replayed from a CUDA graph: no host launch cost; L2 flushed before each."""
+def graph_ms(fn, reps: int = 50, l2_flush: str = "write") -> float:
+    """Median milliseconds of ``fn`` replayed from a CUDA graph: no host launch cost; L2 flushed before each.
+
+    ``l2_flush``: "write" zeroes 256 MiB before each replay, leaving L2 full of dirty lines that the replay's own
+    misses must write back first; "read" sums 256 MiB instead, leaving it full of clean lines (as a decode step's
+    L2 is: the layers before wrote only small activations)."""
+    if l2_flush not in ("write", "read"):
+        raise ValueError(f"l2_flush={l2_flush!r}: 'write' or 'read'")
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -68,9 +74,13 @@ def graph_ms(fn, reps: int = 50) -> float:
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    flush_read = flush.view(torch.float16).fill_(1.0) if l2_flush == "read" else None
     times = []
     for _ in range(reps):
-        flush.zero_()
+        if flush_read is None:
+            flush.zero_()
+        else:
+            flush_read.sum(dtype=torch.float32)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()

@@ -3,7 +3,9 @@ and against the bytes floor of the experts the step routes to.
 
 Shapes: Qwen3-30B-A3B (128 experts, top-8, hidden 2048, experts of 768) and Mixtral-8x7B (8 experts, top-2,
 hidden 4096, experts of 14336), bfloat16, one random routing per token count. Systems, each a CUDA-graph replay
-(no host launch cost), median of 50, L2 flushed before each:
+(no host launch cost), median of 50, L2 emptied before each by reading 256 MiB (``--l2-flush read``: clean lines, as
+a decode step finds L2; ``write`` zeroes 256 MiB instead, whose dirty lines the replay then writes back, which
+costs a 1-token launch about 10 us; the results before 2026-11-27f used ``write``):
 
 - ``fused``: what the layer runs from its router logits: the one-launch router, then at decode sizes
   (``moe_gemv.use_moe_gemv``) the two GEMV launches over the entries, else the grouping by expert, the gate_up
@@ -17,7 +19,7 @@ hidden 4096, experts of 14336), bfloat16, one random routing per token count. Sy
 ``floor_us``: the bytes of the experts the step routes to (each read once) and of x and the output, over the
 device-to-device copy bandwidth measured in the same run; ``floor_share`` is that over the fused time.
 
-    python3 -m benchmarks.moe_kernel --out DIR [--tokens 1,16,64]
+    python3 -m benchmarks.moe_kernel --out DIR [--tokens 1,16,64] [--l2-flush read|write]
 """
 
 from __future__ import annotations
@@ -103,12 +105,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None, help="folder of the results JSON (default: results/)")
     parser.add_argument("--tokens", default=None, help=f"comma-separated token counts (default: {TOKENS})")
+    parser.add_argument("--l2-flush", choices=("write", "read"), default="read",
+                        help="how L2 is emptied before each replay (benchmarks.attention.graph_ms): zeroing 256 MiB "
+                             "(dirty lines the replay writes back) or summing it (clean lines)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.moe_kernel needs a CUDA device")
     tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else TOKENS
     copy_bw = copy_bandwidth()
-    print(f"copy bandwidth {copy_bw / 1e9:.0f} GB/s; times are CUDA-graph replays, L2 flushed")
+    print(f"copy bandwidth {copy_bw / 1e9:.0f} GB/s; times are CUDA-graph replays, L2 flushed ({args.l2_flush})")
     print(f"{'model':<14} {'T':>5} {'active':>6} | {'fused us':>9} {'grouped us':>10} {'experts us':>10} {'loop us':>9} | "
           f"{'floor us':>8} {'share':>5} {'vs loop':>7}")
     results = []
@@ -116,7 +121,7 @@ def main() -> None:
     for shape in SHAPES:
         for num_tokens in tokens:
             calls, active = systems(shape, num_tokens, gen)
-            times = {name: 1e3 * graph_ms(fn) for name, fn in calls.items()}
+            times = {name: 1e3 * graph_ms(fn, l2_flush=args.l2_flush) for name, fn in calls.items()}
             num_bytes = (active * 3 * shape.hidden * shape.intermediate + 2 * num_tokens * shape.hidden) * 2
             floor_us = 1e6 * num_bytes / copy_bw
             row = {"model": shape.name, "num_tokens": num_tokens, "active_experts": active, "bytes": num_bytes,
@@ -127,7 +132,8 @@ def main() -> None:
                   f"{times['experts-only']:>10.1f} "
                   f"{times['loop']:>9.1f} | {floor_us:>8.1f} {row['floor_share']:>5.2f} {row['speedup_vs_loop']:>6.2f}x",
                   flush=True)
-    settings = {"dtype": "bfloat16", "tokens": list(tokens), "copy_bandwidth_gb_s": copy_bw / 1e9, **versions()}
+    settings = {"dtype": "bfloat16", "tokens": list(tokens), "copy_bandwidth_gb_s": copy_bw / 1e9,
+                "l2_flush": args.l2_flush, **versions()}
     print(write_result("moe_kernel", settings, results, args.out))
 
 
