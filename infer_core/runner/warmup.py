@@ -124,7 +124,7 @@ def warm_up(runner: ModelRunner) -> None:
         runner.execute(output)  # writes only into blocks no request holds yet
         runner.requests.clear()
     warm_up_sampler(runner.config.settings.max_num_seqs, runner.config.model.vocab_size, runner.dtype, runner.device)
-    if runner.config.settings.decoding != "standard":  # a speculative policy's steps may be planned over verify steps
+    if runner.config.settings.decoding != "standard":  # n-gram steps may be planned over verify steps (overlap)
         from infer_core.layers.sampling import kept_drafts
 
         kept_drafts.warm_up(runner.device, runner.buffers.block_tables.stride(0), runner.config.block_size)

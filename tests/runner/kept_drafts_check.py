@@ -20,7 +20,8 @@ BLOCK_SIZE = 4
 def scenario(rng: random.Random):
     """A verify step's rows (per request: drafts, then the row after the last) and the step planned over it."""
     num_prev = rng.randrange(1, 5)
-    drafts_per = [rng.randrange(0, 5) for _ in range(num_prev)]
+    most = 21 if rng.random() < 0.3 else 5  # now and then more drafts than the kernel's 16-wide blocks hold
+    drafts_per = [rng.randrange(0, most) for _ in range(num_prev)]
     sample_rows, sampled, draft_ids = [], [], []
     for r, k in enumerate(drafts_per):
         keep = rng.randrange(0, k + 1)  # drafts kept before the first miss
@@ -34,7 +35,7 @@ def scenario(rng: random.Random):
     num_reqs = len(pending_prev) + rng.randrange(0, 3)
     rows = rng.sample(range(num_reqs), len(pending_prev))
     # a pending request's query is 1 + its drafts; another may be a prompt chunk past the kernel's 16-wide block
-    query_lens = [rng.randrange(1, 6) if r in rows or rng.random() < 0.5 else rng.randrange(17, 41)
+    query_lens = [rng.randrange(1, most + 1) if r in rows or rng.random() < 0.5 else rng.randrange(17, 41)
                   for r in range(num_reqs)]
     max_blocks = 16
     block_tables = torch.tensor([[rng.randrange(0, 100) for _ in range(max_blocks)] for _ in range(num_reqs)],

@@ -17,7 +17,10 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# Every pointer (the first 13 arguments) unspecialised on its alignment: several sit at offsets of packed buffers
+# that move with the batch (a request count's parity), and a variant per alignment would compile mid-run after
+# ``warm_up``.
+@triton.jit(do_not_specialize_on_alignment=list(range(13)))
 def _kept_drafts_kernel(sampled_ptr, draft_ptr, seg_start_ptr, seg_end_ptr,
                         pending_src_ptr, pending_rows_ptr, pending_dst_ptr,
                         input_ids_ptr, positions_ptr, slot_mapping_ptr, seq_lens_ptr, query_start_ptr,
@@ -78,11 +81,12 @@ def keep_drafts(sampled: torch.Tensor, draft_ids: torch.Tensor, seg_start: torch
 
 
 def warm_up(device: torch.device, block_table_stride: int, block_size: int) -> None:
-    """Compile the kernel now (for block tables of this row stride): one pending request that kept its one draft."""
-    ints = dict(dtype=torch.int32, device=device)
-    sampled = torch.tensor([5, 6], dtype=torch.int64, device=device)
-    first, end, zero = torch.tensor([0], **ints), torch.tensor([2], **ints), torch.zeros(1, **ints)
+    """Compile the kernel now (for block tables of this row stride), with the argument types the runner passes
+    (``AcceptedDrafts.apply``: int64 sampled ids, draft ids and segments, the step's int32 buffers): one pending
+    request that kept its one draft."""
+    ints, longs = dict(dtype=torch.int32, device=device), dict(dtype=torch.int64, device=device)
+    sampled, drafts = torch.tensor([5, 6], **longs), torch.tensor([5, -1], **longs)
+    first, end, zero = torch.tensor([0], **longs), torch.tensor([2], **longs), torch.zeros(1, **ints)
     positions, slots, seq_lens = torch.tensor([3, 4], **ints), torch.zeros(2, **ints), torch.tensor([5], **ints)
-    keep_drafts(sampled, torch.tensor([5, -1], **ints), first, end, zero, zero, zero, torch.zeros(2, **ints),
-                positions, slots, seq_lens, torch.tensor([0, 2], **ints), torch.zeros(1, block_table_stride, **ints),
-                block_size, 2, 2)
+    keep_drafts(sampled, drafts, first, end, zero, zero, zero, torch.zeros(2, **ints), positions, slots, seq_lens,
+                torch.tensor([0, 2], **ints), torch.zeros(1, block_table_stride, **ints), block_size, 2, 2)

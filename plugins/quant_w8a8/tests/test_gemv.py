@@ -62,7 +62,12 @@ def test_w8_gemv_rounds_once_to_bfloat16(device):
 @pytest.mark.parametrize("dtype", list(QuantDtype))
 @pytest.mark.parametrize("n, k, rows, group_k, x_dtype", [(36, 80, 1, None, torch.bfloat16),
                                                           (32, 64, 3, 16, torch.bfloat16),
-                                                          (40, 48, 2, None, torch.float32)])
+                                                          (40, 48, 2, None, torch.float32),
+                                                          # groups of 32 and 128 (several halved K steps each) and
+                                                          # of 8 (a K step no wider than one)
+                                                          (32, 256, 2, 32, torch.float32),
+                                                          (32, 256, 1, 128, torch.float32),
+                                                          (32, 256, 2, 8, torch.float32)])
 def test_w8_gemv_with_silu_is_the_gemv_then_silu_and_mul(device, dtype, n, k, rows, group_k, x_dtype):
     """gate_up's SiLU-and-mul in the GEMV's epilogue: silu(gate) * up of the exact products, within float32 sums
     (the fused program's K step is half the plain one's: the same sums in another order) and the activation's
@@ -76,9 +81,9 @@ def test_w8_gemv_with_silu_is_the_gemv_then_silu_and_mul(device, dtype, n, k, ro
     gate, up = exact.chunk(2, dim=-1)
     expected = gate * torch.sigmoid(gate) * up
     two_launches = silu_and_mul(w8_gemv(x, wq, scale, b, group_k)).double().cpu()
-    if x_dtype == torch.float32:
-        torch.testing.assert_close(got.double().cpu(), expected, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(got.double().cpu(), two_launches, rtol=1e-5, atol=1e-6)
+    if x_dtype == torch.float32:  # float32 sums of up to 256 products in other orders: within 1e-4 of O(1) values
+        torch.testing.assert_close(got.double().cpu(), expected, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(got.double().cpu(), two_launches, rtol=1e-5, atol=1e-4)
     else:  # gate, up, silu(gate) and the product each rounded to bfloat16 (truncated by the interpreter: a step
         # each), a rounding of gate moving silu(gate) by up to |gate| times as much where gate is negative
         step = expected.abs() * 2.0**-7 * (4 + gate.abs()) + 1e-3

@@ -102,16 +102,26 @@ def test_overlapped_ngram_steps_on_the_gpu_give_plain_greedy_tokens(tiny_checkpo
     def run(**extra):
         llm = LLM(folder, **settings, **extra)
         try:
+            at_start = kept_drafts_variants()
             batched = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
             alone = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]  # batch 1
-            return batched, alone, llm.engine.decoding.stats(), llm.engine.overlap
+            return batched, alone, llm.engine.decoding.stats(), llm.engine.overlap, (at_start, kept_drafts_variants())
         finally:
             llm.shutdown()
             torch.cuda.empty_cache()
 
-    plain, plain_alone, _, _ = run()
+    plain, plain_alone, _, _, _ = run()
     planned_over.clear()
-    batched, alone, stats, overlap = run(decoding="ngram", num_speculative_tokens=4, prompt_lookup_min=1)
+    batched, alone, stats, overlap, variants = run(decoding="ngram", num_speculative_tokens=4, prompt_lookup_min=1)
     assert overlap and batched == plain and alone == plain_alone == plain
     assert len(planned_over) > 10 and max(planned_over) > 1  # batch 1 and batched
     assert stats.num_draft_tokens > stats.num_accepted_tokens > 0  # drafts kept and drafts rejected
+    # the kernel compiled at start is the one every step ran: no variant compiled mid-run
+    assert variants[0] >= 1 and variants[1] == variants[0], variants
+
+
+def kept_drafts_variants() -> int:
+    """Variants of the kept-drafts kernel this process has compiled or loaded (Triton's per-device caches)."""
+    from infer_core.layers.sampling.kept_drafts import _kept_drafts_kernel
+
+    return sum(len(caches[0]) for caches in _kept_drafts_kernel.device_caches.values())

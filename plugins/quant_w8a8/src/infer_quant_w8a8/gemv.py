@@ -118,10 +118,11 @@ def _w8_gemv_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, y_ptr, num_rows, N, K, stride
 
 def tiles(n: int, k: int, group_k: int | None, device: torch.device, silu: bool = False) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, warps) for W [n, k]: the dense GEMV's tiles at two bytes a weight, K tiles no wider
-    than a scale group; with ``silu`` (a program loads a gate and an up tile) half the K step. From ``LARGE_K`` on, where the dense tiles are a fixed count of elements (8 columns by
-    1024 bf16: 16 KiB a K step), twice as many K columns, so a step loads the dense GEMV's 16 KiB of W and
-    each thread holds the dense GEMV's bytes in flight (W bytes in flight per SM is what a decode GEMV's speed
-    follows: ``infer_core.layers.fused.gemv_tiles``)."""
+    than a scale group; with ``silu`` (a program loads a gate and an up tile) half the K step, down to 16. From
+    ``LARGE_K`` on, where the dense tiles are a fixed count of elements (8 columns by 1024 bf16: 16 KiB a K
+    step), twice as many K columns, so a step loads the dense GEMV's 16 KiB of W and each thread holds the
+    dense GEMV's bytes in flight (W bytes in flight per SM is what a decode GEMV's speed follows:
+    ``infer_core.layers.fused.gemv_tiles``)."""
     cfg = choose_config(n, k, 2, num_sms(device))
     block_k = cfg.block_k
     if k >= LARGE_K and block_k < k:
@@ -132,8 +133,8 @@ def tiles(n: int, k: int, group_k: int | None, device: torch.device, silu: bool 
         if group_k & (group_k - 1):
             raise ValueError(f"weight scale groups of {group_k} columns: the GEMV takes groups of a power of two")
         block_k = min(block_k, group_k)
-    if silu:
-        block_k = max(16, block_k // 2)
+    if silu and block_k > 16:  # never wider than before: a K step stays within its scale group
+        block_k //= 2
     return cfg.block_n, block_k, cfg.num_warps
 
 
@@ -152,7 +153,8 @@ def w8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: to
     if scale.dim() != 2 or scale.shape[0] != n or scale.dtype != torch.float32:
         raise ValueError(f"scale {tuple(scale.shape)} {scale.dtype} must be float32 [{n}, groups]")
     if silu and n % 2:
-        raise ValueError(f"SiLU-and-mul needs [gate; up] weights of an even row count, got {n}")
+        raise ValueError(f"SiLU-and-mul needs [gate; up] weights of an even row count, got {n} rows: pass the "
+                         "gate_up layer's weight (2 x intermediate rows), or silu=False")
     rows = x.reshape(-1, k)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()

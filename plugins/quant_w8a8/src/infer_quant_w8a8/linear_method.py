@@ -133,8 +133,9 @@ class W8A8LinearMethod(LinearMethod):
         return self.gemv and 0 < x.numel() <= GEMV_MAX_ROWS * x.shape[-1]
 
     def apply_with_act(self, layer, x, bias):
-        """gate_up's SiLU-and-mul in the GEMV's epilogue at decode sizes (``gemv.py``)."""
-        if not self.uses_gemv(layer, x):
+        """gate_up's SiLU-and-mul in the GEMV's epilogue at decode sizes (``gemv.py``), where the activation was
+        built to run our Triton kernel (``fused.SILU_AND_MUL``)."""
+        if not (getattr(layer.act, "triton", False) and self.uses_gemv(layer, x)):
             return None
         from infer_quant_w8a8.gemv import w8_gemv
 
