@@ -5,7 +5,9 @@ and *free* (write freely: little to copy). Each prompt is generated greedily, on
 time, by an engine with ``decoding="standard"`` and by one with ``decoding="ngram"`` (k drafts a
 step, prompt_lookup_min/max as set), in the same process. The figure is output tokens per second
 of wall time over a workload (after a warm-up), the acceptance rate and mean acceptance length of
-the drafts, and whether the speculative tokens equal the plain ones (they must: greedy).
+the drafts, the speed-up the n-gram engine's step count allows (its tokens over its steps: what it would reach if
+a step with drafts cost what a plain one does), and whether the speculative tokens equal the plain ones (they
+must: greedy).
 
     python -m benchmarks.spec_decode_ngram [--device cuda] [--new-tokens 256] [--k 4] [--dtype D] [--attention A]
         [--apart] [--serial] [--repeats N] [--profile STEPS] [--out DIR]
@@ -74,9 +76,13 @@ def run(decoding: str, args: argparse.Namespace) -> dict[str, dict]:
             drafted = after.num_draft_tokens - before.num_draft_tokens
             accepted = after.num_accepted_tokens - before.num_accepted_tokens
             drafts = after.num_drafts - before.num_drafts
+            # every step that samples gives one token of the target's plus the drafts it kept (a prefill's last
+            # step too): plain decoding takes a step a token, so equal step costs would give tokens / steps
+            token_steps = num_tokens - accepted
             row.update(num_drafts=drafts, num_draft_tokens=drafted, num_accepted_tokens=accepted,
                        acceptance_rate=round(accepted / max(drafted, 1), 4),
-                       mean_acceptance_length=round(1 + accepted / max(drafts, 1), 3),
+                       mean_acceptance_length=round(1 + accepted / max(drafts, 1), 3), token_steps=token_steps,
+                       speedup_at_plain_step_cost=round(num_tokens / max(token_steps, 1), 3),
                        accepted_per_position=[a - b for a, b in zip(after.accepted_per_position,
                                                                     before.accepted_per_position)])
         rows[name] = row
@@ -150,12 +156,14 @@ def main() -> None:
                           first_difference=[first_difference(a, b) for a, b in zip(plain_ids, spec_ids)])
         results += [plain[name], spec[name]]
         print(f"{name:9s} plain {plain[name]['output_tok_s']:8.1f} tok/s  ngram {spec[name]['output_tok_s']:8.1f} "
-              f"tok/s  x{speedup:.2f}  acceptance {spec[name].get('acceptance_rate')}  mean accepted length "
+              f"tok/s  x{speedup:.2f}  (x{spec[name].get('speedup_at_plain_step_cost')} if a step cost a plain "
+              f"one)  acceptance {spec[name].get('acceptance_rate')}  mean accepted length "
               f"{spec[name].get('mean_acceptance_length')}  identical {identical}  first difference per prompt "
               f"{spec[name]['first_difference']}")
     settings = {"model": "default (SmolLM2-135M-Instruct)", "batch": 1, "greedy": True, "new_tokens": args.new_tokens,
                 "num_speculative_tokens": args.k, "prompt_lookup_min": args.min_n, "prompt_lookup_max": args.max_n,
-                "device": args.device, "dtype": args.dtype, "attention": args.attention, "apart": args.apart, "prompts_per_workload": len(PARAGRAPHS),
+                "device": args.device, "dtype": args.dtype, "attention": args.attention, "apart": args.apart,
+                "prompts_per_workload": len(PARAGRAPHS),
                 "serial": args.serial, "repeats": args.repeats}
     print(write_result("spec-decode-ngram", settings, results, args.out))
 
