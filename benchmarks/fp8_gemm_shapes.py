@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.attention import graph_ms
+from benchmarks.timing import graph_ms
 from benchmarks.common import versions, write_result
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}  # (N, K)

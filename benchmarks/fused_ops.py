@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.attention import bench_ms, graph_ms
+from benchmarks.timing import bench_ms, graph_ms
 from benchmarks.common import versions, write_result
 from infer_core.layers import fused
 from infer_core.layers.activation import SiluAndMul

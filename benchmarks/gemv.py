@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from benchmarks.attention import bench_ms, copy_bandwidth, graph_ms
+from benchmarks.timing import bench_ms, copy_bandwidth, graph_ms
 from benchmarks.common import versions, write_result
 from benchmarks.fused_ops import max_ulps
 from infer_core.layers import fused

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import torch
 
-from benchmarks.attention import graph_ms
+from benchmarks.timing import graph_ms
 from benchmarks.common import versions, write_result
 from benchmarks.gemv import CONFIGS, DEVICE, DTYPE, GB
 from infer_core.layers import fused

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.attention import bench_ms
+from benchmarks.timing import bench_ms
 from infer_attention_triton.decode import SplitScratch, decode_attention
 from infer_attention_triton.tiles import DecodeTiles, choose_num_splits, decode_tiles
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import triton
 
-from benchmarks.attention import copy_bandwidth, graph_ms
+from benchmarks.timing import copy_bandwidth, graph_ms
 from benchmarks.common import versions, write_result
 from infer_core.layers.fused.gemv_tiles import GemvConfig, choose_config, num_sms
 from infer_core.layers.fused.moe_gemv import _down_kernel, _gate_up_kernel, down_tiles, gate_up_tiles

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.attention import copy_bandwidth, graph_ms
+from benchmarks.timing import copy_bandwidth, graph_ms
 from benchmarks.common import versions, write_result
 from infer_core.layers.moe.align import align_by_expert
 
@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="folder of the results JSON (default: results/)")
     parser.add_argument("--tokens", default=None, help=f"comma-separated token counts (default: {TOKENS})")
     parser.add_argument("--l2-flush", choices=("write", "read"), default="read",
-                        help="how L2 is emptied before each replay (benchmarks.attention.graph_ms): zeroing 256 MiB "
+                        help="how L2 is emptied before each replay (benchmarks.timing.graph_ms): zeroing 256 MiB "
                              "(dirty lines the replay writes back) or summing it (clean lines)")
     args = parser.parse_args()
     if not torch.cuda.is_available():

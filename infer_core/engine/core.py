@@ -272,9 +272,10 @@ class EngineCore:
 
     def _drafting_requests(self) -> list[Request]:
         """With a speculative policy, the requests it may draft for (in the order they were added)."""
-        for request_id in [r for r in self._drafting_ids if self.scheduler.get(r) is None]:
+        requests = {request_id: self.scheduler.get(request_id) for request_id in self._drafting_ids}  # one lookup each
+        for request_id in [request_id for request_id, request in requests.items() if request is None]:
             del self._drafting_ids[request_id]  # finished
-        return [self.scheduler.get(request_id) for request_id in self._drafting_ids]
+        return [request for request in requests.values() if request is not None]
 
     def _propose_drafts(self, live: list[Request]) -> list[Request]:
         """Ask a speculative policy for this step's drafts; the requests that got some."""
