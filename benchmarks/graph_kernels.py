@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1, help="graph size replayed")
     parser.add_argument("--context", type=int, default=256, help="tokens decoded before the replays")
     parser.add_argument("--replays", type=int, default=20)
+    parser.add_argument("--quantization", default="none", help="e.g. int8, fp8 (the quant_w8a8 plugin)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
@@ -64,7 +65,8 @@ def main() -> None:
 
     from infer_core import LLM, SamplingParams
 
-    llm = LLM(args.model, load_format="dummy", dtype="bfloat16", attention=args.attention, max_model_len=4096)
+    llm = LLM(args.model, load_format="dummy", dtype="bfloat16", attention=args.attention, max_model_len=4096,
+              quantization=args.quantization)
     engine = llm.engine
     graphs = engine.executor.worker.runner.graphs
     if graphs is None:
@@ -92,7 +94,8 @@ def main() -> None:
     for row in rows[:25]:
         print(f"  {row['adds_us']:8.2f} us adds  {row['own_us']:8.2f} us own  {row['calls_per_replay']:6.1f} calls  "
               f"{row['kernel'][:90]}")
-    settings = {"model": args.model, "attention": args.attention, "batch": args.batch, "graph_size": size,
+    settings = {"model": args.model, "quantization": args.quantization, "attention": args.attention,
+                "batch": args.batch, "graph_size": size,
                 "context": args.context, "replays": args.replays, "replay_us": round(plain_us, 1),
                 "profiled_span_us": round(span_us, 1), "commit": commit()}
     llm.shutdown()
