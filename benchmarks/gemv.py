@@ -66,7 +66,7 @@ from infer_core.layers.fused.silu_and_mul import silu_and_mul
 from infer_core.models.config import load_model_config
 
 CONFIGS = Path(__file__).parent / "configs"
-MODELS = ("Qwen3-0.6B", "Qwen3-8B", "Llama-3.1-8B")
+MODELS = ("Qwen3-0.6B", "Qwen3-8B", "Llama-3.1-8B", "Qwen3-30B-A3B")
 ROWS = (1, 2, 4, 8)
 FUSED_MODELS = ("Qwen3-0.6B", "Qwen3-8B")
 DTYPE = torch.bfloat16
@@ -88,15 +88,17 @@ class Projection:
 
 def projections(model: str, tensor_parallel: int = 1) -> list[Projection]:
     """The model's projections as one rank of ``tensor_parallel`` holds them (the Megatron split of
-    ``layers/linear.py``: qkv, gate_up and the LM head by output rows, o and down by input features)."""
+    ``layers/linear.py``: qkv, gate_up and the LM head by output rows, o and down by input features).
+    A mixture of experts has no dense gate_up and down (its experts: ``benchmarks.moe_kernel``)."""
     c = load_model_config(CONFIGS / model)
     tp = tensor_parallel
     q, kv = c.num_heads * c.head_dim // tp, max(1, c.num_kv_heads // tp) * c.head_dim
     L = c.num_layers
+    mlp = [] if c.moe is not None else [
+        Projection(model, "gate_up", 2 * c.intermediate_size // tp, c.hidden_size, c.mlp_bias, L),
+        Projection(model, "down", c.hidden_size, c.intermediate_size // tp, c.mlp_bias, L)]
     return [Projection(model, "qkv", q + 2 * kv, c.hidden_size, c.qkv_bias, L),
-            Projection(model, "o", c.hidden_size, q, c.o_bias, L),
-            Projection(model, "gate_up", 2 * c.intermediate_size // tp, c.hidden_size, c.mlp_bias, L),
-            Projection(model, "down", c.hidden_size, c.intermediate_size // tp, c.mlp_bias, L),
+            Projection(model, "o", c.hidden_size, q, c.o_bias, L), *mlp,
             Projection(model, "lm_head", vocab_rows_per_rank(c.vocab_size, tp), c.hidden_size, False, 1)]
 
 
@@ -184,6 +186,29 @@ class Chain:
         return 1e3 * graph_ms(lambda: [op(*layer) for layer in self.layers]) / self.copies
 
 
+def sweep_fused(chain: Chain, proj: Projection, chosen: GemvConfig, floor_us: float) -> list[dict]:
+    """The fused chain at each of ``sweep_configs``' tiles (several K steps: persistent, as the engine runs them),
+    printed best first beside the engine's choice. The warp count is the tile's, not the norm's, so a tile other
+    than the chosen one's count gives sums other than the separate kernels' (timing only)."""
+    rows = []
+    for cfg in sweep_configs(proj.n, proj.k):
+        if cfg.block_k < proj.k:
+            cfg = replace(cfg, programs_per_sm=chosen.programs_per_sm or 2)
+        try:
+            t = chain.time_us(lambda nw, w, b, cfg=cfg: rms_norm_gemv(chain.x, nw, 1e-6, w, b, chain.residual,
+                                                                       silu=chain.silu, config=cfg))
+        except Exception as exc:  # a tile past the SM's shared memory or registers: listed, not timed
+            rows.append({"system": "fused-sweep", "config": asdict(cfg), "error": type(exc).__name__})
+            continue
+        rows.append({"system": "fused-sweep", "config": asdict(cfg), "time_us": round(t, 2)})
+    timed = sorted((r for r in rows if "time_us" in r), key=lambda r: r["time_us"])
+    for r in timed[:6]:
+        c = r["config"]
+        print(f"    sweep {r['time_us']:8.2f} us ({floor_us / r['time_us']:.2f} of floor)  {c['block_n']}x{c['block_k']} "
+              f"w{c['num_warps']} s{c['num_stages']} ppsm{c['programs_per_sm']}", flush=True)
+    return rows
+
+
 def main_fused(args, copy_bw: float, num_sms: int) -> None:
     header = (f"{'model':<13} {'chain':<22} {'M':>2} | {'separate us':>11} {'plain us':>8} | {'fused us':>8} "
               f"{'GB/s':>5} | {'speedup':>7} {'floor us':>8} | equal | fused tiles")
@@ -209,6 +234,8 @@ def main_fused(args, copy_bw: float, num_sms: int) -> None:
                 results[-1].update(equal=equal, config=asdict(cfg),
                                    gb_s=round(chain.num_bytes / (times["fused"] * 1e-6) / GB, 1))
                 results.append({**base, "system": "floor", "time_us": round(floor_us, 2)})
+                if args.sweep:
+                    results += [{**base, **row} for row in sweep_fused(chain, proj, cfg, floor_us)]
                 key = (model, num_rows)
                 saved[key] = saved.get(key, 0.0) + (times["separate"] - times["fused"]) * proj.per_step
                 print(f"{model:<13} {chain_name:<22} {num_rows:>2} | {times['separate']:>11.2f} "
