@@ -30,7 +30,8 @@ pytestmark = pytest.mark.gpu
 
 EPS = 1e-6
 # hidden K, qkv rows, gate_up rows (2 x intermediate)
-MODELS = {"qwen3-0.6b": (1024, 4096, 6144), "qwen3-8b": (4096, 6144, 24576), "llama-3.1-8b": (4096, 6144, 28672)}
+MODELS = {"qwen3-0.6b": (1024, 4096, 6144), "qwen3-1.7b": (2048, 4096, 12288), "qwen3-8b": (4096, 6144, 24576),
+          "llama-3.1-8b": (4096, 6144, 28672)}
 
 
 def inputs(num_rows: int, n: int, k: int, dtype=torch.bfloat16, seed: int = 0):

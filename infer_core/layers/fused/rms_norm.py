@@ -18,7 +18,10 @@ from infer_core.layers.fused.pdl import pdl_enter
 
 MAX_SINGLE_PASS = 16384  # rows longer than this are normalised in two passes over column chunks
 ROW_ELEMENTS = 2048  # rows of a short N are packed into one program up to about this many elements
-LARGE_ROW = 4096  # rows from this width run at LARGE_ROW_WARPS
+# Rows from this width run at LARGE_ROW_WARPS, and so does the GEMV after the norm (qkv, gate_up): at 2048 wide
+# (Qwen3-30B-A3B, 1.7B-class models) the 2 warps ~32 elements a thread give left that GEMV at 0.4-0.5 of its
+# bytes floor (benchmarks.gemv --fused --sweep; decode-graph-kernels-h100-* logs)
+LARGE_ROW = 2048
 LARGE_ROW_WARPS = 8
 
 
@@ -124,7 +127,7 @@ def _tiles(n_cols: int, max_single_pass: int) -> tuple[int, int, bool, int]:
     block_m = max(1, ROW_ELEMENTS // block_n) if single else 1
     num_warps = max(1, min(16, block_m * block_n // 1024))  # ~32 elements a thread: the best of a sweep
     if block_n >= LARGE_ROW:
-        # the norm + GEMV after it (qkv, gate_up of 8B-class models) runs at the norm's warp count
+        # the norm + GEMV after it (qkv, gate_up of 2B- to 8B-class models) runs at the norm's warp count
         # (gemv.config_after_rms_norm). At 8, two of its programs fit an SM (about 128 registers a thread);
         # at 16 one did, and each waited alone on its W loads (a Qwen3-8B decode step measured slower).
         num_warps = LARGE_ROW_WARPS
