@@ -66,7 +66,7 @@ from infer_core.layers.fused.silu_and_mul import silu_and_mul
 from infer_core.models.config import load_model_config
 
 CONFIGS = Path(__file__).parent / "configs"
-MODELS = ("Qwen3-0.6B", "Qwen3-8B", "Llama-3.1-8B", "Qwen3-30B-A3B")
+MODELS = ("Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-8B", "Llama-3.1-8B", "Qwen3-30B-A3B")
 ROWS = (1, 2, 4, 8)
 FUSED_MODELS = ("Qwen3-0.6B", "Qwen3-8B")
 DTYPE = torch.bfloat16

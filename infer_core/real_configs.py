@@ -18,6 +18,8 @@ _QWEN3_COMMON: dict[str, Any] = dict(
 REAL_CONFIGS: dict[str, dict[str, Any]] = {
     "Qwen3-0.6B": dict(_QWEN3_COMMON, hidden_size=1024, intermediate_size=3072, max_window_layers=28,
                        num_attention_heads=16, num_hidden_layers=28, num_key_value_heads=8, tie_word_embeddings=True),
+    "Qwen3-1.7B": dict(_QWEN3_COMMON, hidden_size=2048, intermediate_size=6144, max_window_layers=28,
+                       num_attention_heads=16, num_hidden_layers=28, num_key_value_heads=8, tie_word_embeddings=True),
     "Qwen3-8B": dict(_QWEN3_COMMON, hidden_size=4096, intermediate_size=12288, max_window_layers=36,
                      num_attention_heads=32, num_hidden_layers=36, num_key_value_heads=8, tie_word_embeddings=False),
     # meta-llama/Llama-3.1-8B (the base model: one eos id; the Instruct model lists 128001, 128008, 128009)
