@@ -8,7 +8,10 @@ try:
 
     def _log_variant(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
         stamp = time.strftime("%H:%M:%S", time.localtime()) + f",{int(time.time() * 1000) % 1000:03d}"
-        print(f"{stamp} TRITON-VARIANT {repr[:400]}", file=sys.stderr, flush=True)
+        name = repr.split("[", 1)[0]
+        constants = {k: v for k, v in compile.get("constants", {}).items()}
+        line = f"{stamp} TRITON-VARIANT {name} key={key!r} constants={constants!r}".replace("\n", " ")
+        print(line[:3000], file=sys.stderr, flush=True)
         return None
 
     _knobs.runtime.jit_post_compile_hook = _log_variant
