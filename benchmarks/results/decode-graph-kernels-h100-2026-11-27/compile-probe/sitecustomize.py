@@ -8,9 +8,12 @@ try:
 
     def _log_variant(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
         stamp = time.strftime("%H:%M:%S", time.localtime()) + f",{int(time.time() * 1000) % 1000:03d}"
-        name = repr.split("[", 1)[0]
-        constants = {k: v for k, v in compile.get("constants", {}).items()}
-        line = f"{stamp} TRITON-VARIANT {name} key={key!r} constants={constants!r}".replace("\n", " ")
+        try:
+            name = repr.split("[", 1)[0]
+            line = f"{stamp} TRITON-VARIANT {name} key={key!r} constants={compile.get('constants')!r}"
+        except Exception as exc:  # never break a launch
+            line = f"{stamp} TRITON-VARIANT (unprintable: {exc!r})"
+        line = line.replace("\n", " ")
         print(line[:3000], file=sys.stderr, flush=True)
         return None
 
