@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from infer_core.interfaces.context import RuntimeComponent, RuntimeContext
@@ -138,6 +139,15 @@ class AttentionBackend(RuntimeComponent, ABC):
         keeps the write in ``forward``: a plugin with another layout need not change anything.
         """
         return None
+
+    def warm_up(self, layers: Sequence[AttentionLayer], kv_caches: Sequence[torch.Tensor],
+                block_tables: torch.Tensor, dtype: torch.dtype) -> None:
+        """Compile, before the first request, the kernels a step may choose at run time that start-up's dummy
+        steps and graph captures do not reach (a kernel compiled mid-run stalls every request in the step).
+
+        ``layers`` and ``kv_caches`` are the model's, in order; ``block_tables`` the runner's buffer the steps'
+        block tables are rows of; ``dtype`` the activations'. The default compiles nothing.
+        """
 
     @abstractmethod
     def forward(

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
+from torch import nn
 
 from infer_core.interfaces import AttentionBackend, AttentionLayer
 from infer_core.layers import fused
@@ -86,3 +87,9 @@ class Attention:
         q, k = qk_norm_rope_inplace(positions, q, k, q_norm.weight, k_norm.weight, q_norm.eps,
                                     rotary.cos_sin_cache, rotary.rot_dim)
         return self.backend.forward(self.layer, q, k, v, kv_cache, metadata)
+
+
+def attention_layers(model: nn.Module) -> list[AttentionLayer]:
+    """The descriptions of ``model``'s attention layers (its modules' ``attn``), in layer order."""
+    found = [m.attn.layer for m in model.modules() if isinstance(getattr(m, "attn", None), Attention)]
+    return sorted(found, key=lambda layer: layer.layer_idx)

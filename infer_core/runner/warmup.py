@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from infer_core.interfaces import NewRequestData, SchedulerOutput
+from infer_core.layers.attention import attention_layers
 from infer_core.layers.sampler import SamplingBatch, fused_kernels, sample
 from infer_core.runner.graph_plan import piecewise_graph_sizes
 from infer_core.runner.kv_cache import allocate_kv_caches, cpu_num_blocks, cuda_num_blocks
@@ -114,7 +115,8 @@ def warm_up(runner: ModelRunner) -> None:
 
     Triton specialises integer arguments on divisibility by 16 (and on 1), and the profiling
     step and the graph capture use only such sizes; a mixed step of odd sizes and small
-    sampled batches (top-k/top-p at 3 rows, plain temperature at 1) covers the rest.
+    sampled batches (top-k/top-p at 3 rows, plain temperature at 1) covers the rest, and the
+    attention backend compiles the choices its steps make from their lengths (``warm_up``).
     """
     logger.info("warming up kernels for odd step sizes and the sampler's batch sizes…")
     start = time.perf_counter()
@@ -124,6 +126,8 @@ def warm_up(runner: ModelRunner) -> None:
         runner.execute(output)  # writes only into blocks no request holds yet
         runner.requests.clear()
     warm_up_sampler(runner.config.settings.max_num_seqs, runner.config.model.vocab_size, runner.dtype, runner.device)
+    runner.attention.warm_up(attention_layers(runner.model), runner.kv_caches, runner.buffers.block_tables,
+                             runner.dtype)
     if runner.config.settings.decoding != "standard":  # n-gram steps may be planned over verify steps (overlap)
         from infer_core.layers.sampling import kept_drafts
 

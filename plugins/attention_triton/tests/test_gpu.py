@@ -381,3 +381,31 @@ def test_engine_generates_on_cuda_by_default(tmp_path):
         [[1, 2, 3]] * 4, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False
     )
     assert [len(o.outputs[0].token_ids) for o in outputs] == [8] * 4
+
+
+def kernel_variants() -> int:
+    """Variants of the decode and prefill kernels this process holds (Triton's per-device caches)."""
+    from infer_attention_triton.decode import _decode_kernel
+    from infer_attention_triton.prefill import _prefill_kernel
+
+    return sum(len(caches[0]) for kernel in (_decode_kernel, _prefill_kernel) for caches in kernel.device_caches.values())
+
+
+def test_no_kernel_variant_compiled_after_start(tmp_path):
+    """Steps of decodes beside prompt chunks pick their split count and launch order from their own lengths, and
+    their prompts start anywhere in the batch: every such choice was compiled at start, none mid-run (a server's
+    first requests waited seconds on them)."""
+    write_config_checkpoint("Qwen3-0.6B", tmp_path, num_hidden_layers=2)
+    llm = LLM(str(tmp_path), attention="triton", load_format="dummy", kv_cache_gb=2, max_model_len=4096,
+              max_num_seqs=64, max_num_batched_tokens=512, seed=0)
+    try:
+        at_start = kernel_variants()
+        rng = random.Random(0)
+        prompts = [[rng.randrange(1000, 2000) for _ in range(n)] for n in (300, 700, 1100, 1500, 2200, 3000, 5, 17)]
+        prompts += [[rng.randrange(1000, 2000) for _ in range(rng.randrange(20, 400))] for _ in range(48)]
+        outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)
+        assert [len(o.outputs[0].token_ids) for o in outputs] == [24] * len(prompts)
+        assert kernel_variants() == at_start, (at_start, kernel_variants())
+    finally:
+        llm.shutdown()
+        torch.cuda.empty_cache()

@@ -12,6 +12,7 @@ per step; ``forward`` only launches kernels: no host sync, no lengths read back 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +22,8 @@ from infer_core.layers.fused.kv_write import write_kv
 from infer_attention_triton.capabilities import CAPABILITIES, validate_context
 from infer_attention_triton.decode import SplitScratch, decode_attention
 from infer_attention_triton.prefill import prefill_attention
-from infer_attention_triton.tiles import PrefillTiles, choose_num_splits, decode_tiles, prefill_tiles
+from infer_attention_triton.tiles import MAX_SPLITS, PrefillTiles, choose_num_splits, decode_tiles, prefill_tiles
+from infer_attention_triton.warmup import warm_up_decode
 
 WAVES_BEFORE_ORDER = 2  # decode programs per SM above which they launch longest context first
 
@@ -86,6 +88,17 @@ class TritonAttentionBackend(AttentionBackend):
                 max(num_decodes, old[0]), self.num_heads, max(num_splits, old[2]), self.head_dim, device
             )
         return TritonMetadata(common, num_splits, self._scratch, tiles)
+
+    def warm_up(self, layers: Sequence[AttentionLayer], kv_caches: Sequence[torch.Tensor],
+                block_tables: torch.Tensor, dtype: torch.dtype) -> None:
+        """The decode kernel at every split count and launch order an eager step may pick
+        (``warmup.warm_up_decode``), once per kind of layer (heads, window, cache dtype)."""
+        seen = set()
+        for layer, kv_cache in zip(layers, kv_caches):
+            kind = (layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.sliding_window is None, kv_cache.dtype)
+            if kind not in seen and kv_cache.is_cuda:
+                seen.add(kind)
+                warm_up_decode(layer, kv_cache, block_tables, dtype, self.decode_tiles, MAX_SPLITS)
 
     def _launch_order(self, md: BatchMetadata, num_splits: int) -> torch.Tensor | None:
         """Longest context first where the decode programs run in several waves; in one wave the order

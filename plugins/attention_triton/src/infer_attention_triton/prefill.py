@@ -88,7 +88,9 @@ def _attend(
     return m_i, l_i, acc
 
 
-@triton.jit
+# Where a step's prompts start in the batch and how many query tiles it has vary by step: no kernel variant per
+# value (Triton specialises integers equal to 1 or divisible by 16), which a server's first requests waited on.
+@triton.jit(do_not_specialize=["first_req", "num_m_tiles"])
 def _prefill_kernel(
     q_ptr,
     cache_ptr,
