@@ -12,9 +12,10 @@ def register_attention_backends(register):
     register("flash", BACKEND_PATH, aliases=("flash-attn", "flash_attn"))
 
 
-@hookimpl(tryfirst=True)
+@hookimpl
 def default_attention_backend(ctx):
-    """``flash`` on CUDA when it can run here and the user's block size suits it; else pass.
+    """``flash`` on CUDA when it can run here and the user's block size suits it; else pass. Asked after
+    ``triton`` (``tryfirst``), so it answers where triton cannot run (e.g. head dims that are not powers of two).
 
     Also pass with a speculative decoding policy (any ``decoding`` but ``standard``): its batch-1 verify
     steps replay a verify CUDA graph only with a backend that supports prefill graphs, which flash
