@@ -127,3 +127,16 @@ def test_registering_does_not_import_triton():
     env = {k: v for k, v in os.environ.items() if k != "INFER_PLUGINS"}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_decode_warm_up_runs_each_choice_and_writes_no_cache(device):
+    """What the backend runs at start on CUDA (``warm_up_decode``): every split count up to the given one, with and
+    without a launch order, on one key of block 0; the cache and the runner's block tables are left as they were."""
+    from infer_attention_triton.tiles import decode_tiles
+    from infer_attention_triton.warmup import warm_up_decode
+
+    cache = torch.randn(2, 3, 16, 2, 32, device=device)
+    tables = torch.randint(1, 3, (5, 4), dtype=torch.int32, device=device)
+    cache_before, tables_before = cache.clone(), tables.clone()
+    warm_up_decode(AttentionLayer(0, 4, 2, 32, 32**-0.5), cache, tables, torch.float32, decode_tiles(32), max_splits=4)
+    assert torch.equal(cache, cache_before) and torch.equal(tables, tables_before)
