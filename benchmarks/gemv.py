@@ -1,7 +1,8 @@
 """Projections at decode batch sizes: our Triton GEMV against F.linear (cuBLAS), on one GPU.
 
-Every linear layer of Qwen3-0.6B, Qwen3-8B and Llama-3.1-8B (qkv, o, gate_up, down, LM head; shapes
-from ``benchmarks/configs``), bfloat16, at 1, 2, 4 and 8 rows. Both systems are timed whatever
+Every linear layer of Qwen3-0.6B, Qwen3-1.7B, Qwen3-8B and Llama-3.1-8B (qkv, o, gate_up, down, LM head; shapes
+from ``benchmarks/configs``), and Qwen3-30B-A3B's attention projections and LM head (its experts:
+``benchmarks.moe_kernel``), bfloat16, at 1, 2, 4 and 8 rows. Both systems are timed whatever
 ``infer_core.layers.fused.GEMV`` says. Figures per cell:
 
 - ``time_us``: one call, as a decode step's CUDA graph runs it: a graph of C back-to-back calls on C

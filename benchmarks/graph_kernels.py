@@ -57,7 +57,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1, help="graph size replayed")
     parser.add_argument("--context", type=int, default=256, help="tokens decoded before the replays")
     parser.add_argument("--replays", type=int, default=20)
-    parser.add_argument("--quantization", default="none", help="e.g. int8, fp8 (the quant_w8a8 plugin)")
+    parser.add_argument("--quantization", default=None,
+                        help="e.g. int8, fp8 (the quant_w8a8 plugin); unset: the checkpoint's, else none")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 

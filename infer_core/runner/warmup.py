@@ -128,6 +128,9 @@ def warm_up(runner: ModelRunner) -> None:
     warm_up_sampler(runner.config.settings.max_num_seqs, runner.config.model.vocab_size, runner.dtype, runner.device)
     runner.attention.warm_up(attention_layers(runner.model), runner.kv_caches, runner.buffers.block_tables,
                              runner.dtype)
+    if runner.draft is not None:  # a speculative policy's draft model: its own backend, heads and cache
+        runner.draft.attention.warm_up(attention_layers(runner.draft.model), runner.draft.kv_caches,
+                                       runner.buffers.block_tables, runner.dtype)
     if runner.config.settings.decoding != "standard":  # n-gram steps may be planned over verify steps (overlap)
         from infer_core.layers.sampling import kept_drafts
 

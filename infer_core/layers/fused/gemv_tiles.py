@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_core.layers.fused.rms_norm import LARGE_ROW, MAX_SINGLE_PASS
+from infer_core.layers.fused.rms_norm import LARGE_ROW_WARPS, MAX_SINGLE_PASS
 from infer_core.layers.fused.rms_norm import _tiles as norm_tiles
 
 LARGE_K = 4096  # from this K on, the large-K tiles of choose_config
@@ -128,13 +128,14 @@ def config_after_rms_norm(n: int, k: int, element_size: int, num_sms: int, *, si
     All of K in one step where a tile of 4 columns holds it (``choose_config``; ``decode-tiles-per-shape-*``
     logs). Else, from ``LARGE_K`` on (8B-class models), a tile is 8 columns and 64 W values a thread. ``silu``
     (the ``[gate; up]`` weights of a GEMV followed by SiLU-and-mul, whose fused program loads a gate tile and
-    an up tile each K step) takes those tiles from ``LARGE_ROW`` on (the norm's 8 warps) with K halved, so the
-    fused program holds 64 values a thread too, which measured faster than tiles of 4 columns by 2048
+    an up tile each K step) takes those tiles wherever the norm runs at ``LARGE_ROW_WARPS`` (rows from
+    ``rms_norm.LARGE_ROW`` wide, rounded up to a power of two) with K halved, so the fused program holds 64 values
+    a thread too, which measured faster than tiles of 4 columns by 2048
     (``norm-gemv-tiles-8-warps`` logs).
     """
     warps = rms_norm_warps(k)  # None: a two-pass norm, never fused
     config = choose_config(n, k, element_size, num_sms, num_warps=warps)
-    if warps is not None and (k >= LARGE_K and config.block_k < k or silu and k >= LARGE_ROW):
+    if warps is not None and (k >= LARGE_K and config.block_k < k or silu and warps == LARGE_ROW_WARPS):
         config = _large_k_config(n, k, warps, num_sms, silu)
     fused_steps = warps is not None and config.block_k < k
     return replace(config, programs_per_sm=NORM_GEMV_PROGRAMS_PER_SM) if fused_steps else config

@@ -113,8 +113,8 @@ def test_teacher_forced_logits_match_torch_backend(qwen3_folder):
     assert max(errors) < 2e-2, [f"{x:.2e}" for x in errors]
 
 
-def test_flash_is_the_default_on_cuda_with_256_token_blocks(qwen3_folder, monkeypatch):
-    monkeypatch.delenv("INFER_ATTENTION", raising=False)
+def test_flash_gets_256_token_blocks_when_the_block_size_is_unset(qwen3_folder, monkeypatch):
+    monkeypatch.setenv("INFER_ATTENTION", "flash")
     monkeypatch.delenv("INFER_BLOCK_SIZE", raising=False)
     llm = LLM(str(qwen3_folder), load_format="dummy", kv_cache_gb=1, max_model_len=4096)
     assert llm.engine.config.implementations["attention"] == "flash"

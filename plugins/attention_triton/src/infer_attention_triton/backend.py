@@ -95,7 +95,7 @@ class TritonAttentionBackend(AttentionBackend):
         (``warmup.warm_up_decode``), once per kind of layer (heads, window, cache dtype)."""
         seen = set()
         for layer, kv_cache in zip(layers, kv_caches):
-            kind = (layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.sliding_window is None, kv_cache.dtype)
+            kind = (layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.sliding_window, kv_cache.dtype)
             if kind not in seen and kv_cache.is_cuda:
                 seen.add(kind)
                 warm_up_decode(layer, kv_cache, block_tables, dtype, self.decode_tiles, MAX_SPLITS)

@@ -30,11 +30,12 @@ from infer_attention_triton.split_merge import SplitScratch, _merge_splits, _mer
 from infer_attention_triton.tiles import DecodeTiles, dot_precision, is_interpreted
 
 LOG2E = 1.4426950408889634
-# What a step may vary without a new kernel variant: the split count and the scratch's strides (its capacity grows
-# with the batch), and the alignment of the index arrays (slices of the step's buffers). Triton would otherwise
-# compile a variant per divisibility of each, mid-run, where a server's first requests wait on it.
-VARYING_INTS = ["num_splits", "stride_po_req", "stride_po_h", "stride_po_split", "stride_pl_req", "stride_pl_h",
-                "stride_sc_req"]
+# What a step may vary without a new kernel variant: the split count, the scratch's strides (its capacity grows
+# with the batch), the block table's row stride (a draft model's tables are as wide as the step's longest row), the
+# window, and the alignment of the index arrays (slices of the step's buffers). Triton would otherwise compile a
+# variant per divisibility of each, mid-run, where a server's first requests wait on it.
+VARYING_INTS = ["sliding_window", "num_splits", "stride_bt_req", "stride_po_req", "stride_po_h", "stride_po_split",
+                "stride_pl_req", "stride_pl_h", "stride_sc_req"]
 INDEX_POINTERS = ["block_tables_ptr", "seq_lens_ptr", "req_order_ptr", "split_counts_ptr"]
 
 

@@ -88,9 +88,10 @@ def _attend(
     return m_i, l_i, acc
 
 
-# Where a step's prompts start in the batch and how many query tiles it has vary by step: no kernel variant per
-# value (Triton specialises integers equal to 1 or divisible by 16), which a server's first requests waited on.
-@triton.jit(do_not_specialize=["first_req", "num_m_tiles"])
+# Where a step's prompts start in the batch, how many query tiles it has and its block table's row stride (a draft
+# model's tables are as wide as the step's longest row) vary by step: no kernel variant per value (Triton
+# specialises integers equal to 1 or divisible by 16), which a server's first requests waited on.
+@triton.jit(do_not_specialize=["sliding_window", "first_req", "num_m_tiles", "stride_bt_req"])
 def _prefill_kernel(
     q_ptr,
     cache_ptr,
