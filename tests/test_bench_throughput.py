@@ -142,7 +142,7 @@ def test_throughput_command_writes_one_record_with_every_system(tiny_folder, tmp
     (["--workload", "chat", "--num-prompts", "40"], "--num-prompts must be between 1 and 32 for --workload chat"),
     (["--new-tokens", "0"], "--new-tokens must be at least 1"),
     (["--peer-num-prompts", "300"], "--peer-num-prompts must be between 1 and 256"),
-    (["--model", "Qwen9-1B"], "known: Qwen3-0.6B, Qwen3-8B, Llama-3.1-8B"),
+    (["--model", "Qwen9-1B"], "known: Qwen3-0.6B, Qwen3-1.7B, Qwen3-8B, Llama-3.1-8B"),
     (["--attention", "trtion"], "Did you mean 'triton'?"),
     (["--attention", "torch", "torch"], "names a backend twice"),
     (["--trace", "/tmp/x"], "--trace needs --profile"),
