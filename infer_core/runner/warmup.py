@@ -131,7 +131,10 @@ def warm_up(runner: ModelRunner) -> None:
     if runner.draft is not None:  # a speculative policy's draft model: its own backend, heads and cache
         runner.draft.attention.warm_up(attention_layers(runner.draft.model), runner.draft.kv_caches,
                                        runner.buffers.block_tables, runner.dtype)
-    if runner.config.settings.decoding != "standard":  # n-gram steps may be planned over verify steps (overlap)
+    settings = runner.config.settings
+    # the kernel runs only in a step planned over a verify step: overlap on, and drafts without a draft model (whose
+    # policy reads each verify step before drafting, so its steps run serially)
+    if settings.decoding != "standard" and settings.async_scheduling is not False and runner.draft is None:
         from infer_core.layers.sampling import kept_drafts
 
         kept_drafts.warm_up(runner.device, runner.buffers.block_tables.stride(0), runner.config.block_size)
