@@ -92,10 +92,11 @@ class TritonAttentionBackend(AttentionBackend):
     def warm_up(self, layers: Sequence[AttentionLayer], kv_caches: Sequence[torch.Tensor],
                 block_tables: torch.Tensor, dtype: torch.dtype) -> None:
         """The decode kernel at every split count and launch order an eager step may pick
-        (``warmup.warm_up_decode``), once per kind of layer (heads, window, cache dtype)."""
+        (``warmup.warm_up_decode``), once per kind of layer (heads, windowed or not, cache dtype: the window's size
+        is a run-time argument)."""
         seen = set()
         for layer, kv_cache in zip(layers, kv_caches):
-            kind = (layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.sliding_window, kv_cache.dtype)
+            kind = (layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.sliding_window is None, kv_cache.dtype)
             if kind not in seen and kv_cache.is_cuda:
                 seen.add(kind)
                 warm_up_decode(layer, kv_cache, block_tables, dtype, self.decode_tiles, MAX_SPLITS)

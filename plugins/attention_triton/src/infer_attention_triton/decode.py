@@ -293,4 +293,3 @@ def decode_attention(
             num_warps=4 if head_dim >= 128 else 2,
             USE_PDL=pdl, launch_pdl=pdl,
         )
-
