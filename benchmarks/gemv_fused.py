@@ -73,7 +73,8 @@ def sweep_fused(chain: Chain, proj: Projection, chosen: GemvConfig, floor_us: fl
     for r in timed[:6]:
         c = r["config"]
         print(f"    sweep {r['time_us']:8.2f} us ({floor_us / r['time_us']:.2f} of floor)  "
-              f"{c['block_n']}x{c['block_k']} w{c['num_warps']} s{c['num_stages']} ppsm{c['programs_per_sm']}", flush=True)
+              f"{c['block_n']}x{c['block_k']} w{c['num_warps']} s{c['num_stages']} ppsm{c['programs_per_sm']}",
+              flush=True)
     return rows
 
 
