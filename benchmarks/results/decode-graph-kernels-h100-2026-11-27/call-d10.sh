@@ -4,7 +4,7 @@
 # (SiLU's halved K wherever the norm runs at 8 warps).
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-timeout 560 python -m pytest -q -p no:cacheprovider -m gpu plugins/attention_triton/tests/test_gpu.py \
+timeout 560 python -m pytest -q -p no:cacheprovider -m gpu plugins/attention_triton/tests/test_engine_gpu.py \
   plugins/attention_flash/tests/test_engine_gpu.py plugins/spec_decode/tests/test_gpu.py \
   tests/fused/test_norm_gemv_gpu.py -rfE > $OUT/gpu-tests.log 2>&1; echo "tests rc=$? at ${SECONDS}s"
 grep -E "passed|failed|FAILED|ERROR" $OUT/gpu-tests.log | tail -12
