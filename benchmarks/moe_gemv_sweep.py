@@ -20,7 +20,13 @@ import triton
 from benchmarks.timing import copy_bandwidth, graph_ms
 from benchmarks.common import versions, write_result
 from infer_core.layers.fused.gemv_tiles import GemvConfig, choose_config, num_sms
-from infer_core.layers.fused.moe_gemv import _down_kernel, _gate_up_kernel, down_tiles, gate_up_tiles
+from infer_core.layers.fused.moe_gemv import (
+    _down_kernel,
+    _gate_up_kernel,
+    down_prefetch_lines,
+    down_tiles,
+    gate_up_tiles,
+)
 from infer_core.layers.moe import route
 
 E, TOP_K, H, I = 128, 8, 2048, 768
@@ -74,7 +80,8 @@ def main() -> None:
                             inter, down, ids, weights, out, E, H, I, inter.stride(0), down.stride(0),
                             down.stride(1), out.stride(0), TOP_K=TOP_K, SLOTS=TOP_K, BLOCK_N=cfg.block_n,
                             BLOCK_K=cfg.block_k, EVEN_K=I % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
-                            USE_PDL=True, launch_pdl=True, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                            PREFETCH_LINES=down_prefetch_lines(cfg, I, 2, True), USE_PDL=True, launch_pdl=True,
+                            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
                         return out
                 got = run().clone()
                 want = got if want is None else want

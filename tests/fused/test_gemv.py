@@ -136,6 +136,10 @@ def test_heuristic_fills_the_gpu_at_real_shapes(num_sms):
     # one TP=2 rank's o_proj of Qwen3-8B: one step of 4 columns, not two of 8 (enough programs either way)
     assert choose_config(4096, 2048, 2, 132) == GemvConfig(block_n=4, block_k=2048, num_warps=4, num_stages=1)
     assert choose_config(151936, 1024, 2, 132) == GemvConfig(block_n=8, block_k=1024, num_warps=4, num_stages=1)
+    # Qwen3-30B-A3B's o_proj: too few programs for 8 columns, so 4 take all of K=4096 in one step (32 KiB, 64 values
+    # a thread at 8 warps), loaded before the PDL wait; any other K from 4096 keeps the large-K steps
+    assert choose_config(2048, 4096, 2, 132) == GemvConfig(block_n=4, block_k=4096, num_warps=8, num_stages=1)
+    assert choose_config(2048, 6144, 2, 132) == GemvConfig(block_n=4, block_k=2048, num_warps=8, num_stages=1)
     # K not a power of two: even steps, as before (one step would mask a quarter of its lanes)
     assert choose_config(1536, 1536, 2, 132) == GemvConfig(block_n=4, block_k=512, num_warps=1, num_stages=3,
                                                            prefetch_steps=1)

@@ -137,6 +137,17 @@ def test_the_one_launch_router_equals_route(num_tokens, num_experts, top_k, reno
     torch.testing.assert_close(weights, want_weights, rtol=1e-6, atol=1e-7)
 
 
+def test_the_router_takes_no_more_rows_than_the_step_has():
+    """A decode step's routing is one row at one warp (warp-shuffle reductions); wide steps 16 rows at 4."""
+    from infer_core.layers.fused.moe_route import route_tiles
+
+    assert route_tiles(1, 128) == (128, 1, 1)
+    assert route_tiles(3, 128) == (128, 4, 1)
+    assert route_tiles(300, 128) == (128, 16, 4)
+    assert route_tiles(300, 8) == (8, 16, 1)
+    assert route_tiles(1, 1000) == (1024, 1, 2)
+
+
 def test_the_router_reads_bfloat16_logits(device):
     logits = torch.randn(4, 16, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
     weights, ids = moe_route(logits, 4, True)

@@ -60,8 +60,9 @@ def choose_config(n: int, k: int, element_size: int, num_sms: int, num_warps: in
     on the kernel before them, so W streams in while that one drains); else as wide as the columns leave,
     shrunk to a power of two dividing K where one >= 256 does (K=3072 -> 1024: no masked tail), and a
     program of several K steps keeps two more in flight (3 stages: cp.async into shared memory). From
-    ``LARGE_K`` on, 8 columns by 1024 at 8 warps (``LARGE_K_TILE``). The row count does not change the
-    choice. ``python -m benchmarks.gemv --sweep`` times the alternatives.
+    ``LARGE_K`` on, 8 columns by 1024 at 8 warps (``LARGE_K_TILE``; 4 by 4096 at K=4096 where 8 give too
+    few programs). The row count does not change the choice. ``python -m benchmarks.gemv --sweep`` times
+    the alternatives.
 
     ``num_warps`` pins the warp count (a GEMV after an RMSNorm runs at the norm's: see
     :func:`config_after_rms_norm`); the tile is then 64 values a thread at that count, at any K.
@@ -71,6 +72,11 @@ def choose_config(n: int, k: int, element_size: int, num_sms: int, num_warps: in
     whole_k = triton.next_power_of_2(k)
     if k >= LARGE_K and num_warps is None:  # K of 4096 and more (8B-class models): see LARGE_K_TILE
         block_n = 8 if 8 in enough_programs else 4
+        if block_n == 4 and k == LARGE_K:
+            # too few programs for 8 columns (an MoE model's o_proj, 2048 x 4096): 4 take all of K in one step, 64
+            # values a thread as below LARGE_K, loaded before the PDL wait; 7.94 against 8.62 us for two steps of
+            # 4 x 2048 at one row (benchmarks/results: decode-graph-kernels-h100-*, d5)
+            return GemvConfig(4, k, num_warps=LARGE_K_WARPS, num_stages=1)
         block_k = min(LARGE_K_TILE // block_n, whole_k)
         while block_k > 256 and k % block_k:
             block_k //= 2

@@ -14,6 +14,11 @@ any routing):
   intermediate row, and stores the routing-weighted sum over the top-k, in float32, rounded once: the token's
   output row, with no per-entry rows and no separate top-k sum.
 
+The gate_up launch waits on the router before reading an id. The down launch reads them before its PDL wait (and
+asks L2 for its experts' first K step meanwhile, while gate_up still streams): a PDL launch starts only after
+every program of the launch before it has passed its own wait, and gate_up's wait returned only once every launch
+before it, the ids' writer among them, had completed. The rows it sums are gate_up's, read after the wait.
+
 An entry whose expert is another rank's (id ``num_local``) computes nothing and adds nothing. Tiles come from the
 dense GEMV's rule (``gemv_tiles.choose_config``) on each launch's whole output; the gate_up program loads a gate
 and an up tile each K step, so it runs at twice the warps (or half the K step where the tile already takes 8),
@@ -28,8 +33,8 @@ import triton
 import triton.language as tl
 
 from infer_core.layers.fused import use_pdl
-from infer_core.layers.fused.gemv import load_w_tile
-from infer_core.layers.fused.gemv_tiles import GemvConfig, choose_config, num_sms
+from infer_core.layers.fused.gemv import load_w_tile, prefetch_w_to_l2
+from infer_core.layers.fused.gemv_tiles import L2_LINE_BYTES, GemvConfig, choose_config, num_sms
 from infer_core.layers.fused.pdl import pdl_enter
 
 MAX_ENTRIES = 16  # decode steps: more entries run the grouped GEMMs (4 tokens of top-8 measured no faster here)
@@ -82,12 +87,14 @@ def _gate_up_kernel(x_ptr, w_ptr, ids_ptr, out_ptr, num_local, I, K, stride_xm, 
 @triton.jit
 def _down_kernel(a_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, num_local, H, K, stride_am, stride_we, stride_wn,
                  stride_om, TOP_K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr):
+                 EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr, PREFETCH_LINES: tl.constexpr,
+                 USE_PDL: tl.constexpr):
     """``out[t, j] = sum_k weight[t, k] * (a[t * TOP_K + k] . W[id(t, k), j])`` for this block's j: a K step loads
     the tiles of all the token's top-k experts at once (``[SLOTS, BLOCK_N, BLOCK_K]``, SLOTS the next power of two),
-    and the weighted sum over k is taken from the float32 sums, rounded once; another rank's experts add nothing."""
+    and the weighted sum over k is taken from the float32 sums, rounded once; another rank's experts add nothing.
+    The ids are read, and the first ``PREFETCH_LINES`` lines of each W row asked of L2, before the PDL wait: see
+    the module's note."""
     token = tl.program_id(0).to(tl.int64)
-    pdl_enter(USE_PDL)
     slots = tl.arange(0, SLOTS)
     entries = token * TOP_K + slots
     experts = tl.load(ids_ptr + entries, mask=slots < TOP_K, other=num_local).to(tl.int64)
@@ -95,6 +102,10 @@ def _down_kernel(a_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, num_local, H, K, s
     experts = tl.where(valid, experts, 0)  # a row of expert 0 in bounds, masked off below
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.minimum(cols, H - 1).to(tl.int64)
+    if PREFETCH_LINES > 0:
+        w_rows = (experts * stride_we)[:, None] + (rows * stride_wn)[None, :]
+        prefetch_w_to_l2(w_ptr, tl.reshape(w_rows, [SLOTS * BLOCK_N]), K, PREFETCH_LINES)
+    pdl_enter(USE_PDL)  # before reading the gate_up launch's rows
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = (w_ptr + (experts * stride_we)[:, None, None] + (rows * stride_wn)[None, :, None]
               + offs_k[None, None, :])
@@ -134,6 +145,14 @@ def down_tiles(num_tokens: int, top_k: int, hidden: int, inter: int, element_siz
     return GemvConfig(cfg.block_n, block_k, cfg.num_warps, 2 if block_k < inter else 1)
 
 
+def down_prefetch_lines(cfg: GemvConfig, inter: int, element_size: int, pdl: bool) -> int:
+    """L2 lines of each expert row the down launch asks for before its PDL wait: its first K step (0 without PDL,
+    where the launch before has drained when this one starts)."""
+    if not pdl:
+        return 0
+    return triton.next_power_of_2(triton.cdiv(min(inter, cfg.block_k) * element_size, L2_LINE_BYTES.value))
+
+
 def moe_gemv_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
                      topk_ids: torch.Tensor) -> torch.Tensor:
     """``sum_k topk_weights[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t]))`` with ``e = topk_ids[t, k]``.
@@ -169,6 +188,7 @@ def moe_gemv_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     _down_kernel[(num_tokens, triton.cdiv(hidden, cfg.block_n))](
         inter_rows, down, ids, weights, out, num_experts, hidden, inter, inter_rows.stride(0), down.stride(0),
         down.stride(1), out.stride(0), TOP_K=top_k, SLOTS=triton.next_power_of_2(top_k), BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, EVEN_K=inter % cfg.block_k == 0, NUM_STAGES=cfg.num_stages, USE_PDL=pdl, launch_pdl=pdl,
+        BLOCK_K=cfg.block_k, EVEN_K=inter % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
+        PREFETCH_LINES=down_prefetch_lines(cfg, inter, down.element_size(), pdl), USE_PDL=pdl, launch_pdl=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out

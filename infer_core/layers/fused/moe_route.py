@@ -62,11 +62,20 @@ def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tup
     ids = torch.empty((num_tokens, top_k), dtype=torch.int32, device=router_logits.device)
     if num_tokens == 0:
         return weights, ids
-    experts = triton.next_power_of_2(num_experts)
-    rows = max(1, min(16, 2048 // experts))
+    experts, rows, warps = route_tiles(num_tokens, num_experts)
     pdl = use_pdl(router_logits)
     _moe_route_kernel[(triton.cdiv(num_tokens, rows),)](
         router_logits, weights, ids, num_tokens, num_experts, router_logits.stride(0), TOP_K=top_k,
         RENORMALIZE=renormalize, EXPERTS=experts, KS=triton.next_power_of_2(top_k), ROWS=rows, USE_PDL=pdl,
-        launch_pdl=pdl, num_warps=4)
+        launch_pdl=pdl, num_warps=warps)
     return weights, ids
+
+
+def route_tiles(num_tokens: int, num_experts: int) -> tuple[int, int, int]:
+    """``(EXPERTS, ROWS, warps)`` of a launch: up to 16 tokens a program (2,048 logits), no more rows than the
+    step has, and one warp up to 16 logits a thread, so a decode step's reductions are warp shuffles, not trips
+    through shared memory. The routing sits between the router GEMV and the experts' GEMVs, on every layer's
+    critical path."""
+    experts = triton.next_power_of_2(num_experts)
+    rows = max(1, min(16, 2048 // experts, triton.next_power_of_2(num_tokens)))
+    return experts, rows, max(1, min(4, rows * experts // 512))
