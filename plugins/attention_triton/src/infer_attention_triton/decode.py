@@ -9,6 +9,11 @@ their outputs are bit-identical. A split whose slice is empty writes a zero weig
 counts, so the launch grid depends only on the batch size and the split count, never on the
 lengths of this step (CUDA graphs).
 
+Before its PDL wait (``fused/pdl.py``) a program reads only what the launch before it (the layer's KV write) does
+not write, the step's lengths, block tables and launch order, and asks L2 for its split's first tile of K and V,
+so at short contexts those reads overlap that launch instead of following it. Only L2, which every store reaches,
+is asked: the step's new key may still be being written, and the tile's loads after the wait read it as written.
+
 An FP8 cache (float8 e4m3, holding value / scale) is read as its values cast to float16 (``FP8_AS``), and
 the query and the probabilities with them, so both dots run in float16: e4m3 pairs convert to float16 in one
 instruction, to bfloat16 only through float32, and that conversion, not the halved reads, bounded the kernel;
@@ -37,6 +42,28 @@ LOG2E = 1.4426950408889634
 VARYING_INTS = ["sliding_window", "num_splits", "stride_bt_req", "stride_po_req", "stride_po_h", "stride_po_split",
                 "stride_pl_req", "stride_pl_h", "stride_sc_req"]
 INDEX_POINTERS = ["block_tables_ptr", "seq_lens_ptr", "req_order_ptr", "split_counts_ptr"]
+
+
+@triton.jit
+def _tile_rows(block_table, keys, key_mask, start, any_key, stride_cache_block, stride_cache_tok,
+               BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """The cache offsets of one tile's keys, from the request's block table (``any_key``: the tile starts before
+    the split's end, so its page entry exists)."""
+    if PAGE_SIZE % BLOCK_N == 0:
+        page = tl.load(block_table + start // PAGE_SIZE, mask=any_key, other=0).to(tl.int64)
+    else:
+        page = tl.load(block_table + keys // PAGE_SIZE, mask=key_mask, other=0).to(tl.int64)
+    return page * stride_cache_block + (keys % PAGE_SIZE) * stride_cache_tok
+
+
+@triton.jit
+def _prefetch_rows_to_l2(row_ptrs, NUM_LINES: tl.constexpr):
+    """Ask L2 for the first ``NUM_LINES`` 128-byte lines of each row at ``row_ptrs``, without waiting (CUDA only:
+    inline PTX, used with PDL, which the interpreter never has)."""
+    line = 128 // (row_ptrs.dtype.element_ty.primitive_bitwidth // 8)
+    ptrs = row_ptrs[:, None] + tl.arange(0, NUM_LINES)[None, :] * line
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
 
 
 @triton.jit(do_not_specialize=VARYING_INTS, do_not_specialize_on_alignment=INDEX_POINTERS)
@@ -83,11 +110,11 @@ def _decode_kernel(
     UPCAST: tl.constexpr,
     HAS_ORDER: tl.constexpr,
     USE_PDL: tl.constexpr,
+    PREFETCH_LINES: tl.constexpr,  # 128-byte lines of a K or V row asked of L2 before the PDL wait (0: none)
     KV_FP8: tl.constexpr,
     FP8_AS: tl.constexpr,  # the dtype an FP8 cache's tiles are converted to: float16, or a float32 query's
     CLAMP_Q: tl.constexpr,  # FP8_AS is float16 and the query is not
 ):
-    pdl_enter(USE_PDL)  # before any load or store: see fused/pdl.py
     # The KV heads vary fastest, then the requests in launch order: programs start roughly in that order
     kv_head = tl.program_id(0)
     req = tl.program_id(1)
@@ -103,6 +130,16 @@ def _decode_kernel(
     tiles_per_split = tl.cdiv(tl.cdiv(seq_len, BLOCK_N) - tiles_lo, num_splits)
     lo = (tiles_lo + split * tiles_per_split) * BLOCK_N
     hi = tl.minimum(lo + tiles_per_split * BLOCK_N, seq_len)
+    block_table = block_tables_ptr + req.to(tl.int64) * stride_bt_req
+    k_base = cache_ptr + kv_head * stride_cache_h
+    if PREFETCH_LINES > 0:  # the split's first tile into L2 while the launch before drains: see the module's note
+        if lo < hi:  # the tile's keys past hi lie in its pages too: every address is in the cache
+            keys = lo + tl.arange(0, BLOCK_N)
+            rows = _tile_rows(block_table, keys, keys < hi, lo, True, stride_cache_block, stride_cache_tok, BLOCK_N,
+                              PAGE_SIZE)
+            _prefetch_rows_to_l2(k_base + rows, PREFETCH_LINES)
+            _prefetch_rows_to_l2(k_base + stride_cache_kv + rows, PREFETCH_LINES)
+    pdl_enter(USE_PDL)  # before any other load or store: see fused/pdl.py
 
     groups = tl.arange(0, BLOCK_G)
     heads = kv_head * GROUP + groups
@@ -121,16 +158,11 @@ def _decode_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
-    block_table = block_tables_ptr + req.to(tl.int64) * stride_bt_req
-    k_base = cache_ptr + kv_head * stride_cache_h
     for start in range(lo, hi, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
         key_mask = keys < hi
-        if PAGE_SIZE % BLOCK_N == 0:
-            page = tl.load(block_table + start // PAGE_SIZE).to(tl.int64)
-        else:
-            page = tl.load(block_table + keys // PAGE_SIZE, mask=key_mask, other=0).to(tl.int64)
-        rows = page * stride_cache_block + (keys % PAGE_SIZE) * stride_cache_tok
+        rows = _tile_rows(block_table, keys, key_mask, start, True, stride_cache_block, stride_cache_tok, BLOCK_N,
+                          PAGE_SIZE)
         k = tl.load(k_base + rows[:, None] + dims[None, :], mask=key_mask[:, None], other=0.0)
         v = tl.load(k_base + stride_cache_kv + rows[:, None] + dims[None, :], mask=key_mask[:, None], other=0.0)
         if KV_FP8:  # exact: every e4m3 value is a bfloat16, float16 and float32 value
@@ -273,7 +305,8 @@ def decode_attention(
         HAS_ORDER=req_order is not None,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
-        USE_PDL=pdl, KV_FP8=kv_fp8, FP8_AS=fp8_as,
+        USE_PDL=pdl, PREFETCH_LINES=max(1, head_dim * kv_cache.element_size() // 128) if pdl else 0,
+        KV_FP8=kv_fp8, FP8_AS=fp8_as,
         CLAMP_Q=kv_fp8 and q.dtype == torch.bfloat16, launch_pdl=pdl,
     )
     if is_split and not merge_in_kernel:
