@@ -126,6 +126,17 @@ class LinearBase(nn.Module):
         out = self.method.apply_with_act(self, x, self.bias)
         return out if out is not None else self.act(self.method.apply(self, x, self.bias))
 
+    def forward_and_input(self, x: torch.Tensor | NormedInput) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(forward(x), x as a tensor)``, for a block whose other layers read the same input after this one (an
+        MoE block's experts after its router): a norm handed on is computed once, at decode sizes in this
+        layer's GEMV launch, which also stores it."""
+        if isinstance(x, NormedInput):
+            if self.fuses_input_norm and decode_sized(x):
+                normed = torch.empty(x.x.shape, dtype=x.x.dtype, device=x.x.device)
+                return norm_gemv(x, self, normed_out=normed), normed
+            x = x.materialize()
+        return self.forward(x), x
+
 
 class ReplicatedLinear(LinearBase):
     """The full matrix on every rank."""

@@ -17,7 +17,7 @@ from torch import nn
 from infer_core.errors import ModelError
 from infer_core.layers.linear import ReplicatedLinear
 from infer_core.layers.moe import FusedMoE
-from infer_core.layers.norm import NormedInput
+from infer_core.layers.norm import NormedInput, RMSNorm
 from infer_core.layers.unquantized import UnquantizedLinearMethod
 from infer_core.models.build import BuildContext
 from infer_core.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
@@ -30,12 +30,12 @@ class SparseMoeBlock(nn.Module):
     in the model dtype, and the routing is sensitive to them.
     """
 
-    def __init__(self, ctx: BuildContext, prefix: str) -> None:
+    def __init__(self, ctx: BuildContext, prefix: str, input_norm: RMSNorm | None = None) -> None:
         super().__init__()
         c, moe = ctx.config, ctx.config.moe
         dense = dict(parallel=ctx.parallel, dtype=ctx.dtype, bias=False)
         self.gate = ReplicatedLinear(c.hidden_size, moe.num_experts, method=UnquantizedLinearMethod(),
-                                     prefix=f"{prefix}.gate", **dense)
+                                     prefix=f"{prefix}.gate", input_norm=input_norm, **dense)
         self.experts = FusedMoE(moe.num_experts, moe.top_k, c.hidden_size, moe.intermediate_size,
                                 renormalize=moe.renormalize, **ctx.moe_kw(f"{prefix}.experts"))
         self.shared_expert = self.shared_expert_gate = None
@@ -45,9 +45,8 @@ class SparseMoeBlock(nn.Module):
                                                        prefix=f"{prefix}.shared_expert_gate", **dense)
 
     def forward(self, x: torch.Tensor | NormedInput) -> torch.Tensor:
-        if isinstance(x, NormedInput):  # several layers read it: computed once, here
-            x = x.materialize()
-        out = self.experts(x, self.gate(x))
+        router_logits, x = self.gate.forward_and_input(x)  # a norm handed on: computed once, with the router
+        out = self.experts(x, router_logits)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
@@ -58,7 +57,7 @@ class MoEDecoderLayer(LlamaDecoderLayer):
 
     def build_mlp(self, ctx: BuildContext, layer_idx: int, prefix: str) -> nn.Module:
         if ctx.config.moe.is_sparse(layer_idx):
-            return SparseMoeBlock(ctx, prefix)
+            return SparseMoeBlock(ctx, prefix, self.post_attention_layernorm)
         return super().build_mlp(ctx, layer_idx, prefix)
 
 

@@ -109,6 +109,27 @@ def test_sum_into_a_given_tensor(silu, device):
         rms_norm_gemv(x, norm_weight, EPS, weight, bias, residual, silu=silu, residual_out=residual_out.float())
 
 
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("num_rows", [1, 3])
+def test_the_normed_rows_stored_as_the_norm_kernel_gives_them(config, num_rows, device):
+    """``normed_out`` (an MoE block's router, whose experts read the norm's output after it): filled with
+    ``rms_norm``'s output bit for bit, by one, several or persistent K steps; the GEMV's output is unchanged."""
+    n, k = SHAPES[1] if config == "after-norm" else SHAPES[0]  # 1100: the norm's rows in two blocks
+    cfg = CONFIGS[config] if config != "4x16-s3" else replace(CONFIGS[config], programs_per_sm=1)
+    x, residual, norm_weight, weight, bias = make_inputs(num_rows, n, k, torch.bfloat16, device, seed=7)
+    for res in (residual, None):
+        want = rms_norm_gemv(x, norm_weight, EPS, weight, bias, res, config=cfg)
+        normed = torch.full_like(x, float("nan"))
+        got = rms_norm_gemv(x, norm_weight, EPS, weight, bias, res, config=cfg, normed_out=normed)
+        want_normed = rms_norm(x, norm_weight, EPS, res)
+        if res is not None:
+            (got, got_sum), (want, want_sum), want_normed = got, want, want_normed[0]
+            assert torch.equal(got_sum, want_sum)
+        assert torch.equal(got, want) and torch.equal(normed, want_normed)
+    with pytest.raises(ValueError, match="normed_out"):
+        rms_norm_gemv(x, norm_weight, EPS, weight, bias, residual, normed_out=normed[:, :-1])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("num_rows", [1, 2])
 def test_gemv_silu_and_mul_equals_the_two_launches(num_rows, dtype, device):

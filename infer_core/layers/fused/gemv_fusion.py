@@ -40,11 +40,12 @@ def decode_sized(normed: NormedInput) -> bool:
     return len(x.shape) == 2 and 0 < x.shape[0] <= GEMV_MAX_ROWS
 
 
-def norm_gemv(normed: NormedInput, linear: LinearBase) -> torch.Tensor:
-    """``linear(norm(x + residual))`` (then SiLU-and-mul) in one launch, ``x + residual`` into ``residual_out``."""
+def norm_gemv(normed: NormedInput, linear: LinearBase, normed_out: torch.Tensor | None = None) -> torch.Tensor:
+    """``linear(norm(x + residual))`` (then SiLU-and-mul) in one launch, ``x + residual`` into ``residual_out``
+    (and the norm's output into ``normed_out`` where given)."""
     from infer_core.layers.fused.norm_gemv import rms_norm_gemv
 
     norm = normed.norm
     out = rms_norm_gemv(normed.x, norm.weight, norm.eps, linear.weight, linear.bias, normed.residual,
-                        silu=linear.act is not None, residual_out=normed.residual_out)
+                        silu=linear.act is not None, residual_out=normed.residual_out, normed_out=normed_out)
     return out if normed.residual is None else out[0]

@@ -104,6 +104,7 @@ def _norm_gemv_kernel(
     bias_ptr,
     y_ptr,
     res_out_ptr,
+    normed_ptr,
     num_rows,
     N,
     K,
@@ -124,10 +125,12 @@ def _norm_gemv_kernel(
     NORM_BLOCK_M: tl.constexpr,
     NORM_BLOCK_N: tl.constexpr,
     SILU: tl.constexpr,
+    STORE_NORMED: tl.constexpr,
     PREFETCH_LINES: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """``y[M, N]``: (silu(gate) * up of) ``norm(x (+ residual)) @ W^T (+ bias)``; N is I with SILU (W has 2I rows).
+    With ``STORE_NORMED`` the first column block also stores the normalised rows it multiplies, ``[M, K]``.
 
     Program p computes column blocks p, p + P, p + 2P, ... (P programs): one block each unless the
     launch is persistent (fewer programs than blocks), which pays the norm's prologue once per program.
@@ -175,6 +178,8 @@ def _norm_gemv_kernel(
                     rstd = tl.sum(tl.where(offs_m == row, rstd_rows, 0.0), axis=0)
                     xm = _normed_chunk(x_ptr, res_ptr, norm_w_ptr, row, k, K, stride_xm, stride_rm, rstd,
                                        HAS_RESIDUAL)
+                    if STORE_NORMED:  # float32 holding values of the dtype: stored exactly
+                        tl.store(normed_ptr + row * K + k, xm.to(dtype), mask=(k < K) & ((block == 0) & (row == m)))
                 elif EVEN_K:
                     xm = tl.load(x_ptr + row * stride_xm + k).to(tl.float32)
                 else:
@@ -203,7 +208,7 @@ def _rows(t: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def _launch(x, residual, norm_weight, eps, weight, bias, silu: bool, config: GemvConfig | None,
-            residual_out: torch.Tensor | None = None):
+            residual_out: torch.Tensor | None = None, normed_out: torch.Tensor | None = None):
     """Checks, the launch, and ``(y, x + residual or None)``."""
     k = x.shape[-1]
     if weight.dim() != 2 or weight.shape[1] != k:
@@ -222,6 +227,10 @@ def _launch(x, residual, norm_weight, eps, weight, bias, silu: bool, config: Gem
                          "(longer rows: rms_norm then gemv)")
     if residual is not None and (tuple(residual.shape) != tuple(x.shape) or residual.dtype != x.dtype):
         raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} must match x {tuple(x.shape)} {x.dtype}")
+    if normed_out is not None and (norm_weight is None or normed_out.shape != x.shape or normed_out.dtype != x.dtype
+                                   or not normed_out.is_contiguous()):
+        raise ValueError(f"normed_out {tuple(normed_out.shape)} {normed_out.dtype} must be contiguous, of x's shape "
+                         f"{tuple(x.shape)} and dtype {x.dtype}, and there must be a norm to store")
     rows = _rows(x, k)
     num_rows, stride_xm = rows.shape[0], rows.stride(0)
     if num_rows > MAX_ROWS:
@@ -250,11 +259,11 @@ def _launch(x, residual, norm_weight, eps, weight, bias, silu: bool, config: Gem
     _norm_gemv_kernel[(num_programs,)](
         rows, res_rows, norm_weight if norm_weight is not None else weight, weight,
         bias if bias is not None else weight, out, res_out if res_out is not None else out,
-        num_rows, n_out, k, stride_xm, res_rows.stride(0), weight.stride(0), n_out, eps,
+        normed_out if normed_out is not None else out, num_rows, n_out, k, stride_xm, res_rows.stride(0), weight.stride(0), n_out, eps,
         BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_K=k % config.block_k == 0, HAS_BIAS=bias is not None, NUM_STAGES=config.num_stages,
         SINGLE_STEP=single_step, HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None,
-        NORM_BLOCK_M=norm_block_m, NORM_BLOCK_N=norm_block_n, SILU=silu,
+        NORM_BLOCK_M=norm_block_m, NORM_BLOCK_N=norm_block_n, SILU=silu, STORE_NORMED=normed_out is not None,
         PREFETCH_LINES=prefetch_lines(config, k, weight.element_size(), pdl),
         num_warps=config.num_warps, num_stages=config.num_stages,
         USE_PDL=pdl, launch_pdl=pdl,
@@ -264,14 +273,16 @@ def _launch(x, residual, norm_weight, eps, weight, bias, silu: bool, config: Gem
 
 def rms_norm_gemv(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
                   bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, *, silu: bool = False,
-                  config: GemvConfig | None = None, residual_out: torch.Tensor | None = None):
+                  config: GemvConfig | None = None, residual_out: torch.Tensor | None = None,
+                  normed_out: torch.Tensor | None = None):
     """``gemv(rms_norm(x, norm_weight, eps, residual), weight, bias)``, then ``silu_and_mul`` with ``silu``.
 
     Returns y, or ``(y, x + residual)`` with ``residual`` (like ``rms_norm``); the sum is a new tensor, or
-    ``residual_out`` (contiguous, x's shape and dtype) where given.
+    ``residual_out`` (contiguous, x's shape and dtype) where given. ``normed_out`` (the same): also filled with
+    the norm's output, as ``rms_norm`` gives it, for layers after this one that read it.
     ``config`` defaults to ``config_after_rms_norm``'s, the tiles of the unfused GEMV after a norm.
     """
-    y, summed = _launch(x, residual, norm_weight, eps, weight, bias, silu, config, residual_out)
+    y, summed = _launch(x, residual, norm_weight, eps, weight, bias, silu, config, residual_out, normed_out)
     return y if residual is None else (y, summed)
 
 
