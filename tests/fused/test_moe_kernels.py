@@ -137,6 +137,20 @@ def test_the_one_launch_router_equals_route(num_tokens, num_experts, top_k, reno
     torch.testing.assert_close(weights, want_weights, rtol=1e-6, atol=1e-7)
 
 
+def test_gate_up_tiles_hold_what_the_dense_gemvs_tile_holds():
+    """A gate and an up tile a K step: together the dense GEMV's one tile (half its columns); Qwen3-30B-A3B's one
+    and two tokens (8 and 16 entries of 768 columns, K=2048) take 2 x 2048 at 4 warps."""
+    from infer_core.layers.fused.gemv_tiles import GemvConfig, choose_config
+    from infer_core.layers.fused.moe_gemv import gate_up_tiles
+
+    for entries in (8, 16):
+        assert gate_up_tiles(entries, 768, 2048, 2, 132) == GemvConfig(2, 2048, 4, 1)
+    assert choose_config(16 * 768, 1536, 2, 132).block_n == 16  # 16 x 512 (K no power of two: even steps)
+    assert gate_up_tiles(16, 768, 1536, 2, 132) == GemvConfig(8, 512, 4, 3)
+    assert choose_config(2 * 14336, 4096, 2, 132).block_n == 8  # Mixtral's top-2: the large-K tile, 8 x 1024
+    assert gate_up_tiles(2, 14336, 4096, 2, 132) == GemvConfig(4, 1024, 8, 1)
+
+
 def test_the_router_takes_no_more_rows_than_the_step_has():
     """A decode step's routing is one row at one warp (warp-shuffle reductions); wide steps 16 rows at 4."""
     from infer_core.layers.fused.moe_route import route_tiles
