@@ -88,8 +88,9 @@ def gemv_layouts(n: int, k: int, num_rows: int, cfg) -> list[str]:
     return reduce_layouts(gemv_asm(n, k, num_rows, cfg, h100_prefetch(cfg, k))["ttgir"])
 
 
-def fused_asm(n: int, k: int, num_rows: int, cfg, prefetch: int, *, norm: bool, silu: bool) -> dict:
-    """The fused kernel's code."""
+def fused_asm(n: int, k: int, num_rows: int, cfg, prefetch: int, *, norm: bool, silu: bool,
+              store_normed: bool = False) -> dict:
+    """The fused kernel's code (``store_normed``: it also stores the normed rows, as an MoE router does)."""
     from infer_core.layers.fused.norm_gemv import _norm_gemv_kernel
     from infer_core.layers.fused.rms_norm import MAX_SINGLE_PASS
     from infer_core.layers.fused.rms_norm import _tiles as norm_tiles
@@ -97,17 +98,19 @@ def fused_asm(n: int, k: int, num_rows: int, cfg, prefetch: int, *, norm: bool, 
     t = torch.empty(1, dtype=torch.bfloat16)
     n_out = n // 2 if silu else n
     bm, bn, _, _ = norm_tiles(k, MAX_SINGLE_PASS)
-    args = dict(x_ptr=t, res_ptr=t, norm_w_ptr=t, w_ptr=t, bias_ptr=t, y_ptr=t, res_out_ptr=t, num_rows=num_rows,
-                N=n_out, K=k, stride_xm=k, stride_rm=k, stride_wn=k, stride_ym=n_out, eps=1e-6)
+    args = dict(x_ptr=t, res_ptr=t, norm_w_ptr=t, w_ptr=t, bias_ptr=t, y_ptr=t, res_out_ptr=t, normed_ptr=t,
+                num_rows=num_rows, N=n_out, K=k, stride_xm=k, stride_rm=k, stride_wn=k, stride_ym=n_out, eps=1e-6)
     return compile_for_sm90(_norm_gemv_kernel, args, dict(
         BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=True, NUM_STAGES=cfg.num_stages, SINGLE_STEP=cfg.block_k >= k,
-        HAS_NORM=norm, HAS_RESIDUAL=norm, NORM_BLOCK_M=bm, NORM_BLOCK_N=bn, SILU=silu, PREFETCH_LINES=prefetch,
-        USE_PDL=True), cfg.num_warps, cfg.num_stages)
+        HAS_NORM=norm, HAS_RESIDUAL=norm, NORM_BLOCK_M=bm, NORM_BLOCK_N=bn, SILU=silu, STORE_NORMED=store_normed,
+        PREFETCH_LINES=prefetch, USE_PDL=True), cfg.num_warps, cfg.num_stages)
 
 
-def fused_layouts(n: int, k: int, num_rows: int, cfg, *, norm: bool, silu: bool) -> list[str]:
-    return reduce_layouts(fused_asm(n, k, num_rows, cfg, h100_prefetch(cfg, k), norm=norm, silu=silu)["ttgir"])
+def fused_layouts(n: int, k: int, num_rows: int, cfg, *, norm: bool, silu: bool, store_normed: bool = False
+                  ) -> list[str]:
+    return reduce_layouts(fused_asm(n, k, num_rows, cfg, h100_prefetch(cfg, k), norm=norm, silu=silu,
+                                    store_normed=store_normed)["ttgir"])
 
 
 def prefetch_cases() -> list[dict]:
@@ -160,6 +163,19 @@ def collect() -> dict:
                     fused_columns=tiles_of(fused, cfg.block_n, cfg.block_k),
                     unnormed_columns=tiles_of(fused_layouts(n, k, num_rows, cfg, norm=False, silu=silu),
                                               cfg.block_n, cfg.block_k)))
+    # an MoE router (Qwen3-30B-A3B's: 128 experts, hidden 2048) also stores the normed rows: the same sums
+    k, n = 2048, 128
+    norm_bm, norm_bn, _, _ = norm_tiles(k, MAX_SINGLE_PASS)
+    cfg = config_after_rms_norm(n, k, 2, SMS)
+    for num_rows in (1, 2):
+        fused = fused_layouts(n, k, num_rows, cfg, norm=True, silu=False, store_normed=True)
+        cases.append(dict(
+            case=f"moe router storing the normed rows rows={num_rows}", silu=False,
+            block_m=triton.next_power_of_2(num_rows), sum_of_squares=rms_norm_layouts(k, num_rows)[0],
+            column_sums=gemv_layouts(n, k, num_rows, cfg), fused_squares=tiles_of(fused, norm_bm, norm_bn),
+            fused_columns=tiles_of(fused, cfg.block_n, cfg.block_k),
+            unnormed_columns=tiles_of(fused_layouts(n, k, num_rows, cfg, norm=False, silu=False), cfg.block_n,
+                                      cfg.block_k)))
     # at the unpinned 4-warp tiles of Qwen3-0.6B's qkv (choose_config's) the fused kernel's sum of squares
     k, n_qkv, _ = MODELS["qwen3-0.6b"]
     norm_bm, norm_bn, _, norm_warps = norm_tiles(k, MAX_SINGLE_PASS)
