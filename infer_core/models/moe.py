@@ -27,7 +27,8 @@ class SparseMoeBlock(nn.Module):
     """``experts(x, gate(x))`` (+ ``sigmoid(shared_expert_gate(x)) * shared_expert(x)``, Qwen2-MoE).
 
     The router (``gate``) and the shared expert's gate stay dense whatever the quantizer: checkpoints keep them
-    in the model dtype, and the routing is sensitive to them.
+    in the model dtype, and the routing is sensitive to them. ``input_norm``: the norm before the block, which
+    the router's GEMV launch computes at decode sizes (``LinearBase.forward_and_input``).
     """
 
     def __init__(self, ctx: BuildContext, prefix: str, input_norm: RMSNorm | None = None) -> None:

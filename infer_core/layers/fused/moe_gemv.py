@@ -22,8 +22,8 @@ before it, the ids' writer among them, had completed. The rows it sums are gate_
 An entry whose expert is another rank's (id ``num_local``) computes nothing and adds nothing. Tiles come from the
 dense GEMV's rule (``gemv_tiles.choose_config``) on each launch's whole output; the gate_up program loads a gate
 and an up tile each K step, so each has half the columns, and the down program splits its K step over the top-k
-slots. Where two entries share an expert (more tokens,
-few experts) its weights are read twice: :func:`use_moe_gemv` says where that does not happen or costs little.
+slots. Where two entries share an expert (more tokens, few experts) its weights are read twice:
+:func:`use_moe_gemv` says where that does not happen or costs little.
 """
 
 from __future__ import annotations
