@@ -259,7 +259,8 @@ def _launch(x, residual, norm_weight, eps, weight, bias, silu: bool, config: Gem
     _norm_gemv_kernel[(num_programs,)](
         rows, res_rows, norm_weight if norm_weight is not None else weight, weight,
         bias if bias is not None else weight, out, res_out if res_out is not None else out,
-        normed_out if normed_out is not None else out, num_rows, n_out, k, stride_xm, res_rows.stride(0), weight.stride(0), n_out, eps,
+        normed_out if normed_out is not None else out, num_rows, n_out, k, stride_xm, res_rows.stride(0),
+        weight.stride(0), n_out, eps,
         BLOCK_M=triton.next_power_of_2(num_rows), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_K=k % config.block_k == 0, HAS_BIAS=bias is not None, NUM_STAGES=config.num_stages,
         SINGLE_STEP=single_step, HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None,
