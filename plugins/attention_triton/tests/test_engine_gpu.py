@@ -141,7 +141,7 @@ def test_engine_generates_on_cuda_by_default(tmp_path):
 
 def kernel_variants() -> int:
     """Variants of the decode and prefill kernels this process holds (Triton's per-device caches)."""
-    from infer_attention_triton.decode import _decode_kernel
+    from infer_attention_triton.decode_kernel import _decode_kernel
     from infer_attention_triton.prefill import _prefill_kernel
 
     return sum(len(caches[0]) for kernel in (_decode_kernel, _prefill_kernel) for caches in kernel.device_caches.values())

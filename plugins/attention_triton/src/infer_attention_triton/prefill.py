@@ -6,7 +6,7 @@ earlier chunks) plus the chunk itself, whose K/V were written to the cache first
 over key tiles; keys that every query of a tile sees are processed without a mask, the diagonal
 tiles with one.
 
-An FP8 cache is read as in decode.py: values cast to the query's dtype, ``k_scale`` folded into the
+An FP8 cache is read as in decode_kernel.py: values cast to the query's dtype, ``k_scale`` folded into the
 softmax scale on the host, ``v_scale`` (None otherwise, like ``KV_FP8``) multiplying the output.
 """
 

@@ -1,6 +1,6 @@
 """Split-K decode's merge: the splits' partial outputs weighted by their log-sum-exp, and the scratch they live in.
 
-The decode kernel (decode.py) runs the merge in the program of the last split to finish (one launch), or
+The decode kernel (decode_kernel.py) runs the merge in the program of the last split to finish (one launch), or
 ``_merge_splits_kernel`` runs it as a second launch; both call ``_merge_splits``, so their outputs are
 bit-identical.
 """
