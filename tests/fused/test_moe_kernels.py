@@ -13,6 +13,7 @@ from infer_core.layers.fused.moe_gemm import choose_tiles, fused_experts
 from infer_core.layers.fused.moe_route import moe_route
 from infer_core.layers.moe import UnquantizedMoEMethod, experts_torch, route
 from infer_core.layers.moe.align import align_by_expert, max_slots
+from infer_core.layers.moe.routing import local_ids
 
 
 def _experts(num_experts: int, hidden: int, inter: int, dtype: torch.dtype, device: str, seed: int):
@@ -134,6 +135,16 @@ def test_the_one_launch_router_equals_route(num_tokens, num_experts, top_k, reno
     want_weights, want_ids = route(logits, top_k, renormalize)
     assert ids.dtype == torch.int32 and weights.dtype == torch.float32
     assert torch.equal(ids.long(), want_ids)
+    torch.testing.assert_close(weights, want_weights, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("first,count", [(0, 64), (64, 64), (4, 2)])
+def test_the_one_launch_router_gives_a_ranks_local_ids(first, count, device):
+    logits = torch.randn(7, 128 if count == 64 else 8, generator=torch.Generator().manual_seed(count)).to(device)
+    weights, ids = moe_route(logits, 4, True, local=(first, count))
+    want_weights, want_ids = route(logits, 4, True)
+    assert torch.equal(ids.long(), local_ids(want_ids, first, count))
+    assert set(ids.unique().tolist()) <= set(range(count + 1)) and (ids == count).any()
     torch.testing.assert_close(weights, want_weights, rtol=1e-6, atol=1e-7)
 
 

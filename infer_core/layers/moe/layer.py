@@ -17,7 +17,7 @@ from torch import nn
 
 from infer_core.interfaces import MoEMethod, ParallelContext
 from infer_core.layers import fused
-from infer_core.layers.moe.routing import route
+from infer_core.layers.moe.routing import local_ids, route
 
 MOE_ROUTE_MAX_EXPERTS = 1024  # fused/moe_route.py's MAX_EXPERTS (not imported: that module imports triton)
 
@@ -62,20 +62,20 @@ class FusedMoE(nn.Module):
         self.triton_routing = (fused.runs_triton(fused.MOE, torch.get_default_device())
                                and num_experts <= MOE_ROUTE_MAX_EXPERTS)
 
-    def select_experts(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(weights, ids)`` [tokens, top_k] of each token's experts (global ids), from its router logits."""
+    def select_experts(self, router_logits: torch.Tensor, local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(weights, ids)`` [tokens, top_k] of each token's experts, from its router logits: global ids, or with
+        ``local`` this rank's experts counted from its first and another rank's as ``num_local_experts``."""
+        span = (self.first_expert, self.num_local_experts) if local else None
         if self.triton_routing and router_logits.stride(-1) == 1:
             from infer_core.layers.fused.moe_route import moe_route
 
-            return moe_route(router_logits, self.top_k, self.renormalize)
-        return route(router_logits, self.top_k, self.renormalize)
+            return moe_route(router_logits, self.top_k, self.renormalize, span)
+        weights, ids = route(router_logits, self.top_k, self.renormalize)
+        return (weights, local_ids(ids, *span)) if local else (weights, ids)
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """The experts' weighted sum for ``x`` [tokens, hidden], all-reduced over ranks."""
-        topk_weights, topk_ids = self.select_experts(router_logits)
-        if self.num_local_experts < self.num_experts:  # ids of this rank's experts; another rank's: num_local
-            local = topk_ids - self.first_expert
-            topk_ids = torch.where((local >= 0) & (local < self.num_local_experts), local, self.num_local_experts)
+        topk_weights, topk_ids = self.select_experts(router_logits, local=self.num_local_experts < self.num_experts)
         out = self.method.apply(self, x, topk_weights, topk_ids)
         if self.parallel.world_size > 1:
             out = self.parallel.communicator.all_reduce(out)

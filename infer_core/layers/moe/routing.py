@@ -17,3 +17,10 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[t
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, ids
+
+
+def local_ids(topk_ids: torch.Tensor, first: int, count: int) -> torch.Tensor:
+    """The ids of experts ``first .. first + count - 1`` (one expert-parallel rank's) as ``0 .. count - 1``, every
+    other expert's as ``count``: the id the grouping leaves out (``align.py``)."""
+    local = topk_ids - first
+    return torch.where((local >= 0) & (local < count), local, count)
