@@ -97,7 +97,8 @@ class AttentionBackend(RuntimeComponent, ABC):
     """One implementation of paged attention.
 
     Lifecycle: ``validate(ctx)`` (class method, may not import heavy dependencies), then
-    ``cls(ctx)``; each step ``build_metadata(common)`` once, then ``forward`` once per layer.
+    ``cls(ctx)``, ``bind_layers`` once the model is built; each step ``build_metadata(common)`` once, then
+    ``forward`` once per layer.
     The KV cache of one layer is ``[2, num_blocks, block_size, num_kv_heads, head_dim]``.
 
     Who writes the step's new K/V: the backend, inside ``forward``, unless its cache has the
@@ -124,6 +125,11 @@ class AttentionBackend(RuntimeComponent, ABC):
             reasons.append("sliding-window attention is not supported")
         reasons += kv_cache_dtype_reasons(caps, ctx)
         return reasons
+
+    def bind_layers(self, layers: Sequence[AttentionLayer]) -> None:
+        """The model's attention layers as built on this rank (their heads this rank's share of the model's),
+        given once its weights are loaded, before any step: what a backend sizes its launches by where ``ctx``
+        (the whole model) would mislead it. The default keeps nothing."""
 
     def build_metadata(self, common: BatchMetadata) -> Any:
         """Derive backend-specific metadata once per step (default: use the common one)."""

@@ -40,11 +40,12 @@ import torch
 from infer_core.config import EngineConfig
 from infer_core.errors import ModelError
 from infer_core.interfaces import BatchMetadata, DraftRequest, ParallelContext
+from infer_core.layers.attention import attention_layers
+from infer_core.layers.sampler import greedy_argmax
 from infer_core.loader import Catalog
 from infer_core.models.build import BuildContext
 from infer_core.models.source import read_model_config, resolve_model_source
 from infer_core.models.weights import load_model_weights
-from infer_core.layers.sampler import greedy_argmax
 from infer_core.runner.cuda_graphs import CudaGraphRunner
 from infer_core.runner.inputs import StepBuffers
 from infer_core.runner.kv_cache import allocate_kv_caches, block_bytes
@@ -118,6 +119,7 @@ class DraftModel:
             model = self.model_class(build)
         load_model_weights(model, self.source, self.model_config, load_format, self.config.settings.seed)
         strategy.prepare_model(model, self.parallel)
+        self.attention.bind_layers(attention_layers(model))
         self.model = model.eval()
         logger.info("draft model %s (%s) loaded: %d layers", self.source.describe(), self.model_config.architecture,
                     self.model_config.num_layers)
@@ -174,8 +176,7 @@ class DraftModel:
         self.graphs.replay(size)
         return self.graphs.replay_argmax(size)[:rows].clone()  # the graph's buffer: rewritten by its next replay
 
-    def _forward(self, input_ids, positions, slots, query_lens, seq_lens, block_rows,
-                 logits_rows) -> torch.Tensor:
+    def _forward(self, input_ids, positions, slots, query_lens, seq_lens, block_rows, logits_rows) -> torch.Tensor:
         """One forward over requests [decode-only first]; the greedy token of each ``logits_rows``."""
         num_reqs = len(query_lens)
         if self.graphs is not None and len(slots) == num_reqs:  # one token each: a decode graph may hold it

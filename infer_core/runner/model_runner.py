@@ -28,6 +28,7 @@ import torch
 from infer_core.config import EngineConfig
 from infer_core.interfaces import ParallelContext, PendingOutput, ReadyOutput, RunnerOutput, SchedulerOutput
 from infer_core.layers import fused
+from infer_core.layers.attention import attention_layers
 from infer_core.layers.sampler import SamplerOutput, sample, takes_argmax
 from infer_core.loader import Catalog
 from infer_core.models.build import BuildContext
@@ -113,6 +114,7 @@ class ModelRunner:
         load_model_weights(model, self.config.source, self.config.model, self.config.load_format,
                            self.config.settings.seed)
         self.strategy.prepare_model(model, self.parallel)
+        self.attention.bind_layers(attention_layers(model))
         self.model = model.eval()
         if self.draft is not None:
             self.draft.load(self.strategy)

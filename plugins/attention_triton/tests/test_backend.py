@@ -90,6 +90,16 @@ def test_build_metadata_splits_long_decodes_and_reuses_scratch(device):
     assert backend.build_metadata(prefill_only.metadata).num_splits == 1
 
 
+def test_the_split_count_follows_the_kv_heads_of_this_ranks_layers(device):
+    """Two tensor-parallel ranks hold half the model's KV heads: the grid has half the programs, so more splits."""
+    backend = TritonAttentionBackend(make_ctx(device, num_heads=8, num_kv_heads=4))
+    batch = make_paged_batch([300, 200], [1, 1], num_heads=4, num_kv_heads=2, head_dim=32, block_size=16, device=device)
+    whole_model = backend.build_metadata(batch.metadata).num_splits
+    backend.bind_layers([AttentionLayer(i, 4, 2, 32, 32**-0.5) for i in range(3)])
+    rank_share = backend.build_metadata(batch.metadata).num_splits
+    assert rank_share == 2 * whole_model, (whole_model, rank_share)
+
+
 def test_validate_reasons():
     assert validate_context(make_ctx()) == []
     assert validate_context(make_ctx("cuda", "bfloat16", interpret=False)) == []

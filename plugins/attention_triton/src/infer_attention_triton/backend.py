@@ -57,11 +57,17 @@ class TritonAttentionBackend(AttentionBackend):
         super().__init__(ctx)
         # Query heads of the whole model: an upper bound for the heads on any rank.
         self.num_heads = ctx.model.num_heads
-        self.num_kv_heads = ctx.model.num_kv_heads
+        self.num_kv_heads = ctx.model.num_kv_heads  # this rank's, once the layers are bound
         self.head_dim = ctx.model.head_dim
         self.decode_tiles = decode_tiles(self.head_dim, kv_fp8=ctx.settings.kv_cache_dtype == "fp8")
         self._scratch: SplitScratch | None = None
         self._num_sms: int | None = None
+
+    def bind_layers(self, layers: Sequence[AttentionLayer]) -> None:
+        """The decode grid is a program per (request, KV head, split): its split count is chosen for the KV heads
+        a rank launches, half the model's over two tensor- or expert-parallel ranks."""
+        if layers:
+            self.num_kv_heads = max(layer.num_kv_heads for layer in layers)
 
     def build_metadata(self, common: BatchMetadata) -> TritonMetadata:
         """Pick the decode split count from the batch and context length; grow scratch if needed.
