@@ -3,11 +3,11 @@
 Each configuration runs in a process of its own, one after the other, so each has the GPUs to itself:
 
 - ``single``: the whole model on one GPU (CUDA graphs for decode);
-- ``ep2``: ``expert_parallel_size=2`` (64 whole experts a GPU, attention split over both; eager steps on token
-  slices with all-to-all dispatch and combine, decode steps replayed from CUDA graphs of the all-reduce path, see
-  plugins/parallel_ep/README.md);
-- ``ep2-all-reduce``: the same experts, with ``expert_parallel_dispatch="all_reduce"`` (each GPU runs its experts
-  on every token, the partial sums all-reduced, in every step): what the slices and all-to-all change;
+- ``ep2``: ``expert_parallel_size=2`` (64 whole experts a GPU, attention split over both), the default dispatch,
+  ``all_reduce`` (each GPU runs its experts on every token, the partial sums all-reduced, in every step; decode
+  steps replayed from CUDA graphs; see plugins/parallel_ep/README.md);
+- ``ep2-all-to-all``: the same experts with ``expert_parallel_dispatch="all_to_all"`` (eager steps on token slices
+  with all-to-all dispatch and combine, decode steps replayed from CUDA graphs of the all-reduce path);
 - ``tp2``: ``tensor_parallel_size=2`` (every expert's intermediate size split over both; CUDA graphs).
 
 Two figures each, as ``benchmarks.tp`` measures them: batch-1 decode (a 128-token prompt, 256 new tokens,
@@ -16,7 +16,7 @@ greedy; ms per decode step, median of ``--repeats`` runs after a warm-up) and na
 experts' load (entries per rank, imbalance) rank 0 counted. The target of issue 27 (EP=2 offline throughput at
 least 1.5x one GPU) is recorded next to the measured ratio, not enforced.
 
-    python -m benchmarks.ep [--out DIR] [--num-prompts 256] [--repeats 3] [--only single,ep2,ep2-all-reduce,tp2]
+    python -m benchmarks.ep [--out DIR] [--num-prompts 256] [--repeats 3] [--only single,ep2,ep2-all-to-all,tp2]
     python -m benchmarks.ep --tiny --out /tmp/ep-dry-run   # a small Qwen3-MoE on the CPU: checks the script
 
 Writes ``benchmarks/results/ep-<device>-<date>.json`` (or under ``--out``).
@@ -43,8 +43,8 @@ CONFIG = Path(__file__).parent / "configs" / "Qwen3-30B-A3B" / "config.json"
 THROUGHPUT_TARGET = 1.5  # EP=2 offline throughput over one GPU's (issue 27)
 RUNS = {
     "single": {},
-    "ep2": {"expert_parallel_size": 2},  # eager steps on slices, all-to-all dispatch
-    "ep2-all-reduce": {"expert_parallel_size": 2, "expert_parallel_dispatch": "all_reduce"},
+    "ep2": {"expert_parallel_size": 2},  # the default dispatch, all_reduce
+    "ep2-all-to-all": {"expert_parallel_size": 2, "expert_parallel_dispatch": "all_to_all"},
     "tp2": {"tensor_parallel_size": 2},
 }
 
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             row["decode_speedup_vs_single"] = round(base["decode_ms_per_token"] / row["decode_ms_per_token"], 3)
         if row is not base and "output_tok_s" in row and "output_tok_s" in base:
             row["throughput_vs_single"] = round(row["output_tok_s"] / base["output_tok_s"], 3)
-    for name in ("ep2", "ep2-all-reduce"):
+    for name in ("ep2", "ep2-all-to-all"):
         if name in by_name:
             by_name[name]["throughput_target_vs_single"] = THROUGHPUT_TARGET
     settings = {

@@ -7,7 +7,7 @@
 # PART=bench: `infer bench throughput` (nano-vllm's workload, its first $PROMPTS prompts) and `infer bench latency`
 #   (batch 1, 128-token prompt, 128 new tokens) on Qwen3-30B-A3B cut to 24 of its 48 layers (dummy bf16, ~31 GB:
 #   the real layer shapes, 128 experts, top-8, H=2048, I=768, with room for KV on one H100; the whole model's
-#   61 GB leaves one H100 254 KV blocks), on one GPU, EP=2 (all_to_all, the default), EP=2 all_reduce and TP=2;
+#   61 GB leaves one H100 254 KV blocks), on one GPU, EP=2 (all_reduce, the default), EP=2 all_to_all and TP=2;
 #   batch-1 decode on one GPU and EP=2 (whose decode steps replay graphs of the all_reduce path), then TP=2.
 #   Last, if time is left: `infer bench throughput` on the whole Qwen3-30B-A3B on one GPU, the run that failed
 #   with "the timed run found its prompts in the prefix cache" (its small KV cache preempts requests).
@@ -59,8 +59,8 @@ EOF
   # in order of need: what the deadline cuts is the end of the list
   run thr-single 100 X=1 -- "${THR[@]}" --out "$OUT/single"
   run thr-ep2 100 INFER_EXPERT_PARALLEL_SIZE=2 -- "${THR[@]}" --out "$OUT/ep2"
-  run thr-ep2-all-reduce 100 INFER_EXPERT_PARALLEL_SIZE=2 INFER_EXPERT_PARALLEL_DISPATCH=all_reduce -- \
-    "${THR[@]}" --out "$OUT/ep2-all-reduce"
+  run thr-ep2-all-to-all 100 INFER_EXPERT_PARALLEL_SIZE=2 INFER_EXPERT_PARALLEL_DISPATCH=all_to_all -- \
+    "${THR[@]}" --out "$OUT/ep2-all-to-all"
   run thr-tp2 100 INFER_TENSOR_PARALLEL_SIZE=2 -- "${THR[@]}" --out "$OUT/tp2"
   run lat-single 75 X=1 -- "${LAT[@]}" --out "$OUT/single"
   run lat-ep2 75 INFER_EXPERT_PARALLEL_SIZE=2 -- "${LAT[@]}" --out "$OUT/ep2"

@@ -62,6 +62,22 @@ def test_load_counts_entries_per_expert_and_rank():
     assert got["num_tokens"] == 4
 
 
+def test_routing_counted_on_the_device_reads_as_the_exchanged_counts():
+    """``add_routing`` (the all-reduce dispatch's rank 0) counts what ``add`` counts from the exchanged rows."""
+    load = ExpertLoad(num_experts=4, world_size=2)
+    # tokens' experts: {0, 2}, {1, 3}, {3, 2}, {0, 1}: rank 0 holds experts 0-1, rank 1 experts 2-3
+    load.add_routing(torch.tensor([[0, 2], [1, 3], [3, 2], [0, 1]]), num_tokens=4)
+    got = load.describe()
+    assert got["entries_per_expert"] == [2, 2, 2, 2]
+    assert got["entries_per_rank"] == [4, 4]
+    assert got["tokens_per_rank"] == [3, 3]  # the third token meets no expert of rank 0, the fourth none of rank 1
+    assert got["num_tokens"] == 4 and got["num_dispatches"] == 1 and got["imbalance"] == 1.0
+    load.add_routing(torch.tensor([[2, 3]]), num_tokens=1)  # one more layer: both entries on rank 1
+    got = load.describe()
+    assert got["entries_per_rank"] == [4, 6] and got["tokens_per_rank"] == [3, 4]
+    assert got["imbalance"] == pytest.approx((4 + 2) / (4 + 1))
+
+
 @pytest.mark.parametrize("dispatch", ["all_to_all", "all_reduce"])
 def test_both_dispatches_let_decode_steps_replay_cuda_graphs(tiny_checkpoint, dispatch):
     """The all-to-all's split sizes are read on the host, so a captured step runs the all-reduce path."""

@@ -23,18 +23,18 @@ class EPSettings(PluginSettings):
         ge=1,
         title="ranks the experts are sharded over",
         description="GPUs (or CPU processes) a mixture-of-experts model runs on: each holds num_experts / N whole "
-                    "experts, attention is split over the same ranks as tensor parallelism splits it, and each "
-                    "rank's share of a step's tokens reaches the experts' ranks by all-to-all; must divide "
-                    "num_experts. 1 = off",
+                    "experts, attention is split over the same ranks as tensor parallelism splits it (see "
+                    "expert_parallel_dispatch for how tokens reach the experts); must divide num_experts. 1 = off",
     )
-    expert_parallel_dispatch: Literal["all_to_all", "all_reduce"] = Field(
-        "all_to_all",
-        title="how tokens meet their experts: all_to_all, all_reduce",
-        description="all_to_all = attention's output is reduce-scattered, so each rank holds its slice of the "
-                    "step's tokens until the next attention all-gathers them; each rank routes its slice and sends "
-                    "each token to the ranks holding its experts (counts exchanged first, packed rows), and the "
-                    "results come back the same way; the split sizes are read on the host, so steps captured into "
-                    "CUDA graphs (decode) run the all_reduce path. all_reduce = attention's output is all-reduced, "
-                    "every rank runs its experts on every token routed there and the partial sums are all-reduced, "
-                    "in every step; no load counts",
+    expert_parallel_dispatch: Literal["all_reduce", "all_to_all"] = Field(
+        "all_reduce",
+        title="how tokens meet their experts: all_reduce, all_to_all",
+        description="all_reduce = attention's output is all-reduced, every rank routes every token and runs its "
+                    "experts on those routed there, and the partial sums are all-reduced, in every step (rank 0 "
+                    "counts the load of eager steps). all_to_all = attention's output is reduce-scattered, so each "
+                    "rank holds its slice of the step's tokens until the next attention all-gathers them; each rank "
+                    "routes its slice and sends each token to the ranks holding its experts (counts exchanged "
+                    "first, packed rows), and the results come back the same way; the split sizes are read on the "
+                    "host, a sync per layer, so its prefill is slower, and steps captured into CUDA graphs (decode) "
+                    "run the all_reduce path",
     )

@@ -5,7 +5,8 @@ everything else splits as tensor parallelism splits it (attention heads, dense M
 vocabulary), over the same ranks. After the weights load, ``prepare_model`` reduce-scatters attention's output so
 each rank holds its slice of the step's tokens up to the next attention (``slices.py``), and puts each experts
 layer behind the all-to-all dispatch and combine of that slice (``dispatch.py``). The ranks are the core's (``infer_core.distributed``): rank 0
-in the engine's process, the others spawned, with the same death and shutdown handling as ``tp``.
+in the engine's process, the others spawned, with the same death and shutdown handling as ``tp``. That is the
+``all_to_all`` dispatch; the default, ``all_reduce``, runs the layers as built (README: which is faster where).
 """
 
 from __future__ import annotations
@@ -60,18 +61,18 @@ def split_problems(ctx: RuntimeContext, world: int) -> list[str]:
 class ExpertParallelStrategy(ParallelStrategy):
     """N ranks, one per device: rank 0 in the engine's process, the others spawned.
 
-    With ``expert_parallel_dispatch="all_to_all"`` (the default) each rank holds its slice of the tokens between
-    attentions in every eager step, and the dispatch reads each layer's split sizes on the host; a step captured
-    into a CUDA graph runs the layers as built instead. With ``"all_reduce"`` every step runs the core's layers as
-    built (attention's output and each rank's experts' partial sums on every token all-reduced). Either way decode
-    steps replay CUDA graphs of the all-reduce path.
+    With ``expert_parallel_dispatch="all_reduce"`` (the default) every step runs the core's layers as built
+    (attention's output and each rank's experts' partial sums on every token all-reduced). With ``"all_to_all"``
+    each rank holds its slice of the tokens between attentions in every eager step, and the dispatch reads each
+    layer's split sizes on the host; a step captured into a CUDA graph runs the layers as built instead. Either way
+    decode steps replay CUDA graphs of the all-reduce path.
     """
 
     @property
     def dispatch(self) -> str:
         return EPSettings.of(self.ctx.settings).expert_parallel_dispatch
 
-    supports_cuda_graphs = True  # with all_to_all, a captured step runs the layers as built (slices.py)
+    supports_cuda_graphs = True  # a captured step runs the layers as built (slices.py, counted.py)
 
     @classmethod
     def validate(cls, ctx: RuntimeContext) -> list[str]:
@@ -107,10 +108,13 @@ class ExpertParallelStrategy(ParallelStrategy):
         return RankExecutor(engine_config, self.world_size, worker_factory, EP_GROUP)
 
     def prepare_model(self, model: Any, parallel: ParallelContext) -> None:
-        """Hold each rank's slice of the step's tokens between attentions, the experts behind the all-to-all
-        dispatch and combine (``slices.slice_tokens``); with ``expert_parallel_dispatch="all_reduce"``, leave the
-        layers as built."""
+        """With ``expert_parallel_dispatch="all_reduce"``, the layers as built, their routing counted on rank 0
+        (``counted.count_routing``); with ``"all_to_all"``, each rank's slice of the step's tokens held between
+        attentions, the experts behind the all-to-all dispatch and combine (``slices.slice_tokens``)."""
         if self.dispatch == "all_reduce":
+            from infer_parallel_ep.counted import count_routing
+
+            count_routing(model, parallel.communicator)
             return
         from infer_parallel_ep.slices import slice_tokens
 

@@ -1,0 +1,42 @@
+"""The experts' load under the all-reduce dispatch: every rank routes every token, so rank 0 alone sees the whole
+routing of each MoE layer, and counts it (``load.py``) in every eager step; a step being captured into a CUDA graph
+(decode) is not counted, as under the all-to-all dispatch, whose counts come from its host-read split sizes."""
+
+from __future__ import annotations
+
+import torch
+from infer_core.layers.moe import FusedMoE
+from torch import nn
+
+from infer_parallel_ep.communicator import ExpertParallelCommunicator
+from infer_parallel_ep.slices import capturing_a_graph
+
+
+class CountedExperts(nn.Module):
+    """A ``FusedMoE`` run as built (its partial sums all-reduced), its routing counted on rank 0 in eager steps: a
+    second routing launch of global ids and a few counting launches on the device, none of them a host sync."""
+
+    def __init__(self, layer: FusedMoE, communicator: ExpertParallelCommunicator) -> None:
+        super().__init__()
+        self.layer = layer
+        self.communicator = communicator
+
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        if not capturing_a_graph():
+            _, ids = self.layer.select_experts(router_logits)
+            self.communicator.load.add_routing(ids, ids.shape[0])
+        return self.layer(x, router_logits)
+
+    def extra_repr(self) -> str:
+        return "routing counted on rank 0 in eager steps"
+
+
+def count_routing(model: nn.Module, communicator: ExpertParallelCommunicator) -> int:
+    """Put every MoE block's experts of ``model`` behind :class:`CountedExperts` on rank 0 (other ranks count
+    nothing); returns how many were wrapped."""
+    if communicator.rank != 0:
+        return 0
+    blocks = [m for m in model.modules() if isinstance(getattr(m, "experts", None), FusedMoE)]
+    for block in blocks:
+        block.experts = CountedExperts(block.experts, communicator)
+    return len(blocks)
