@@ -116,13 +116,17 @@ def test_the_method_chooses_the_kernel_where_built_for_it(device, triton_on_cpu)
     torch.testing.assert_close(method.apply(layer, x, weights, ids), expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("num_tokens,num_experts,top_k,block_m", [(1, 128, 8, 16), (5, 8, 2, 16), (37, 6, 3, 32),
-                                                                  (128, 128, 8, 16)])
-def test_the_one_launch_grouping_equals_the_torch_ops(num_tokens, num_experts, top_k, block_m, device):
-    _, ids = _routing(num_tokens, num_experts, top_k, False, device, num_tokens + num_experts)
+@pytest.mark.parametrize("num_tokens,num_experts,local,top_k,block_m", [
+    (1, 128, 128, 8, 16), (5, 8, 8, 2, 16), (37, 6, 6, 3, 32), (128, 128, 128, 8, 16),
+    # several programs with other ranks' experts left out, and expert counts that are no power of two
+    (128, 128, 64, 8, 16), (100, 60, 30, 8, 16), (127, 6, 3, 3, 32), (64, 512, 512, 8, 16), (0, 128, 128, 8, 16)])
+def test_the_one_launch_grouping_equals_the_torch_ops(num_tokens, num_experts, local, top_k, block_m, device):
+    _, ids = _routing(max(num_tokens, 1), num_experts, top_k, False, device, num_tokens + num_experts)
+    ids = ids[:num_tokens]
     if num_tokens == 37:
         ids = torch.where(ids == 2, num_experts, ids)  # an expert of another rank: left out
-    got, want = moe_align(ids, num_experts, block_m), align_by_expert(ids, num_experts, block_m)
+    ids = local_ids(ids, 0, local)  # a rank holding the first ``local`` experts: the others' ids left out
+    got, want = moe_align(ids, local, block_m), align_by_expert(ids, local, block_m)
     assert torch.equal(got.num_padded, want.num_padded) and torch.equal(got.expert_ids, want.expert_ids)
     assert torch.equal(got.sorted_ids, want.sorted_ids)
 

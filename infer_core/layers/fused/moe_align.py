@@ -8,8 +8,9 @@ entries, which gives where its entries of each expert start. It then writes its 
 program waiting on another: its chunk's entries, each to its expert's first slot plus the entries of that
 expert before it (so entries keep their order within an expert), and its share of the blocks, each block's
 expert and the padding value in each of its slots past the expert's entries. So the slots an entry fills and
-those padded are disjoint and the result is ``align_by_expert``'s, value for value. A single program looping
-over chunks serialised the same work (the histograms once, but the in-chunk ranks and the fill chunk by chunk).
+those padded are disjoint and the result is ``align_by_expert``'s, value for value. One program per chunk, so the
+in-chunk ranking (a ``[chunk, experts]`` tile) and the padding run side by side rather than one chunk after
+another; the tiles shrink as the experts grow, so a program's registers stay bounded.
 """
 
 from __future__ import annotations
@@ -23,8 +24,14 @@ from infer_core.layers.fused.pdl import pdl_enter
 from infer_core.layers.moe.align import ExpertBlocks, max_slots
 
 MAX_ENTRIES = 1024  # above this many entries the torch ops (align_by_expert) group them
-CHUNK = 128  # entries a program places
-BLOCKS = 32  # blocks a program describes
+TILE = 16384  # the most one-hot elements a program holds: its chunk of entries (or blocks) x the experts
+
+
+def align_tiles(num_experts: int) -> tuple[int, int, int]:
+    """``(EXPERTS, CHUNK, BLOCKS)``: the experts' power of two, the entries a program places (at most 128) and the
+    blocks it describes (at most 32), each times ``EXPERTS`` within ``TILE``."""
+    experts = triton.next_power_of_2(num_experts)
+    return experts, max(16, min(128, TILE // experts)), max(4, min(32, TILE // 2 // experts))
 
 
 @triton.jit
@@ -80,11 +87,13 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertB
     device = topk_ids.device
     sorted_ids = torch.empty(num_slots, dtype=torch.int32, device=device)
     expert_ids = torch.empty(num_slots // block_m, dtype=torch.int32, device=device)
-    num_padded = torch.empty(1, dtype=torch.int32, device=device)
-    grid = max(triton.cdiv(num_entries, CHUNK), triton.cdiv(num_slots // block_m, BLOCKS))
+    num_padded = torch.zeros(1, dtype=torch.int32, device=device)
+    if num_entries == 0:  # no slot, no block: nothing to launch
+        return ExpertBlocks(sorted_ids, expert_ids, num_padded, block_m)
+    experts, chunk, blocks = align_tiles(num_experts)
+    grid = max(triton.cdiv(num_entries, chunk), triton.cdiv(num_slots // block_m, blocks))
     pdl = use_pdl(ids)
     _moe_align_kernel[(grid,)](ids, sorted_ids, expert_ids, num_padded, num_entries, num_experts, num_slots,
-                               BLOCK_M=block_m, EXPERTS=triton.next_power_of_2(num_experts),
-                               ENTRIES=triton.next_power_of_2(num_entries), CHUNK=CHUNK, BLOCKS=BLOCKS, USE_PDL=pdl,
-                               launch_pdl=pdl, num_warps=4)
+                               BLOCK_M=block_m, EXPERTS=experts, ENTRIES=triton.next_power_of_2(num_entries),
+                               CHUNK=chunk, BLOCKS=blocks, USE_PDL=pdl, launch_pdl=pdl, num_warps=4)
     return ExpertBlocks(sorted_ids, expert_ids, num_padded, block_m)
