@@ -13,8 +13,9 @@ from infer_core.interfaces import AttentionLayer, RuntimeContext
 from infer_core.models.config import model_config_from_dict
 from infer_core.settings import EngineSettings
 
-from infer_attention_triton.backend import TritonAttentionBackend, TritonMetadata
+from infer_attention_triton.backend import TritonAttentionBackend, TritonMetadata, multiprocessor_count
 from infer_attention_triton.capabilities import validate_context
+from infer_attention_triton.tiles import choose_num_splits
 from infer_attention_triton.testing import make_paged_batch, reference_attention, relative_error
 
 
@@ -78,8 +79,10 @@ def test_mixed_step_matches_reference_and_skips_padding(device, sliding_window):
 
 def test_build_metadata_splits_long_decodes_and_reuses_scratch(device):
     backend = TritonAttentionBackend(make_ctx(device))
+    # long enough to split on this device (a GPU's tiles hold 64 keys, the interpreter's 16)
     long_batch = make_paged_batch(
-        [300, 200], [1, 1], num_heads=4, num_kv_heads=2, head_dim=32, block_size=16, device=device
+        [300, 200] if device == "cpu" else [4000, 3000], [1, 1], num_heads=4, num_kv_heads=2, head_dim=32,
+        block_size=16, device=device
     )
     first = backend.build_metadata(long_batch.metadata)
     assert isinstance(first, TritonMetadata) and first.num_splits > 1
@@ -93,11 +96,16 @@ def test_build_metadata_splits_long_decodes_and_reuses_scratch(device):
 def test_the_split_count_follows_the_kv_heads_of_this_ranks_layers(device):
     """Two tensor-parallel ranks hold half the model's KV heads: the grid has half the programs, so more splits."""
     backend = TritonAttentionBackend(make_ctx(device, num_heads=8, num_kv_heads=4))
-    batch = make_paged_batch([300, 200], [1, 1], num_heads=4, num_kv_heads=2, head_dim=32, block_size=16, device=device)
+    # a batch whose split count the KV heads decide on this device (4 interpreter "SMs" or a GPU's)
+    batch_size, context = (2, 300) if device == "cpu" else (64, 4000)
+    batch = make_paged_batch([context] * batch_size, [1] * batch_size, num_heads=4, num_kv_heads=2, head_dim=32,
+                             block_size=16, device=device)
     whole_model = backend.build_metadata(batch.metadata).num_splits
     backend.bind_layers([AttentionLayer(i, 4, 2, 32, 32**-0.5) for i in range(3)])
     rank_share = backend.build_metadata(batch.metadata).num_splits
-    assert rank_share == 2 * whole_model, (whole_model, rank_share)
+    sms, block_n = multiprocessor_count(torch.device(device)), backend.decode_tiles.block_n
+    assert whole_model == choose_num_splits(batch_size, 4, batch.metadata.max_seq_len, sms, block_n)
+    assert rank_share == choose_num_splits(batch_size, 2, batch.metadata.max_seq_len, sms, block_n) > whole_model
 
 
 def test_validate_reasons():
