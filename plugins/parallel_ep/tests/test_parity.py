@@ -7,7 +7,8 @@ Qwen3-MoE (16 experts, top-4, q/k norms) at EP=2 and EP=4, and Qwen2-MoE (8 expe
 layer, both gathered from the slices; q/k/v biases) at EP=2; steps of 1 to 32 tokens, so slices are uneven and,
 at EP=4 in decode, some are all padding. Mixtral (8 experts, top-2, renormalised) at EP=2 with
 ``expert_parallel_dispatch="all_reduce"``. Each engine start spawns N-1 interpreters, so the cases are few. The
-same run checks the load counters every rank keeps and their /metrics series, and that shutdown leaves nothing
+same run checks the load counters (every rank's under all_to_all, rank 0's under all_reduce) and their /metrics
+series, and that shutdown leaves nothing
 behind; in the Mixtral case a worker is killed after the checks instead, and the engine must report it dead
 within seconds (the lifecycle is the core's, shared with tp, whose suite covers the other deaths).
 """
@@ -73,10 +74,11 @@ def _reference_run(folder, kind: str):
     return _reference[kind]
 
 
-def _check_load(llm: LLM, world: int) -> None:
+def _check_load(llm: LLM, world: int, dispatch: str) -> None:
     """Every token of every MoE layer routed once, to ``top_k`` experts; the series /metrics serves."""
     model = llm.engine.config.model
     load = llm.engine.executor.parallel.communicator.describe()
+    assert load["path"] == f"gloo {dispatch}"
     sparse_layers = sum(model.moe.sparse_layers)
     assert load["num_dispatches"] > 0 and load["num_dispatches"] % sparse_layers == 0
     entries = sum(load["entries_per_expert"])
@@ -117,12 +119,12 @@ def test_expert_parallel_matches_one_rank(tiny_checkpoint, assert_no_workers_lef
         sliced = [m for m in model.modules() if isinstance(m, (SlicedInputNorm, SlicedFinalNorm))]
         if dispatch == "all_to_all":
             assert len(sliced) == llm.engine.config.model.num_layers + 1  # every input norm and the final one
-            _check_load(llm, world)
+            _check_load(llm, world, dispatch)
         else:  # the core's FusedMoE as built: each rank's experts on every token, partial sums all-reduced
             assert sliced == []
             assert len([m for m in model.modules() if isinstance(m, CountedExperts)]) == sum(
                 llm.engine.config.model.moe.sparse_layers)  # rank 0 counts the routing
-            _check_load(llm, world)
+            _check_load(llm, world, dispatch)
         if kind == KILLED:
             _kill_a_worker(llm)
     finally:

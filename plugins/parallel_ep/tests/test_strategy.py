@@ -73,9 +73,14 @@ def test_routing_counted_on_the_device_reads_as_the_exchanged_counts():
     assert got["tokens_per_rank"] == [3, 3]  # the third token meets no expert of rank 0, the fourth none of rank 1
     assert got["num_tokens"] == 4 and got["num_dispatches"] == 1 and got["imbalance"] == 1.0
     load.add_routing(torch.tensor([[2, 3]]), num_tokens=1)  # one more layer: both entries on rank 1
+    series = {m.name: m for m in load.metrics()}  # the engine loop's read, which waits for nothing (here: the CPU)
+    assert dict(series["moe_rank_entries"].values) == {"0": 4.0, "1": 6.0}
     got = load.describe()
     assert got["entries_per_rank"] == [4, 6] and got["tokens_per_rank"] == [3, 4]
     assert got["imbalance"] == pytest.approx((4 + 2) / (4 + 1))
+    load.reset()  # what the executor does once start-up's dummy steps are done
+    got = load.describe()
+    assert got["num_dispatches"] == 0 and got["entries_per_expert"] == [0] * 4 and got["imbalance"] == 1.0
 
 
 @pytest.mark.parametrize("dispatch", ["all_to_all", "all_reduce"])

@@ -20,10 +20,13 @@ _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 
 class ExpertParallelCommunicator(ProcessGroupCommunicator):
     """``ProcessGroupCommunicator`` plus the token slices' reduce-scatter and all-gather (equal chunks along the
-    first dim) and this rank's :class:`ExpertLoad` (every dispatch adds to it)."""
+    first dim) and this rank's :class:`ExpertLoad` (each all-to-all dispatch, or rank 0's routing under
+    ``all_reduce``, adds to it)."""
 
-    def __init__(self, rank: int, world_size: int, backend: str, num_experts: int) -> None:
+    def __init__(self, rank: int, world_size: int, backend: str, num_experts: int,
+                 dispatch: str = "all_reduce") -> None:
         super().__init__(rank, world_size, backend)
+        self.dispatch = dispatch
         self.load = ExpertLoad(num_experts, world_size)
 
     def reduce_scatter(self, x: torch.Tensor) -> torch.Tensor:
@@ -40,7 +43,7 @@ class ExpertParallelCommunicator(ProcessGroupCommunicator):
         return out
 
     def describe(self) -> dict[str, Any]:
-        return {"path": f"{self.backend} all-to-all", **self.load.describe()}
+        return {"path": f"{self.backend} {self.dispatch}", **self.load.describe()}
 
     def metrics(self) -> list[ParallelMetric]:
         return self.load.metrics()

@@ -10,11 +10,12 @@ device's counts are folded in when the counters are read. Counters only grow; th
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Any
 
 import torch
 from infer_core.interfaces import ParallelMetric
+
+from infer_parallel_ep.device_load import DeviceLoad
 
 
 class ExpertLoad:
@@ -30,14 +31,18 @@ class ExpertLoad:
     def __init__(self, num_experts: int, world_size: int) -> None:
         self.num_experts = num_experts
         self.world_size = world_size
-        self.entries_per_expert = torch.zeros(num_experts, dtype=torch.int64)
-        self.entries_per_rank = torch.zeros(world_size, dtype=torch.int64)
-        self.tokens_per_rank = torch.zeros(world_size, dtype=torch.int64)
+        self.reset()
+
+    def reset(self) -> None:
+        """Every counter back to zero (start-up's dummy steps are not the load: the executor resets after them)."""
+        self.entries_per_expert = torch.zeros(self.num_experts, dtype=torch.int64)
+        self.entries_per_rank = torch.zeros(self.world_size, dtype=torch.int64)
+        self.tokens_per_rank = torch.zeros(self.world_size, dtype=torch.int64)
         self.num_dispatches = 0
         self.num_tokens = 0  # tokens routed, over every dispatch
         self.max_rank_entries = 0
         self.mean_rank_entries = 0.0
-        self._device: _DeviceCounts | None = None
+        self._device: DeviceLoad | None = None
 
     def add(self, counts: torch.Tensor, num_tokens: int) -> None:
         """One layer's exchanged counts (host, int64 [ranks, ranks + experts]): row ``r`` holds the token rows
@@ -57,22 +62,23 @@ class ExpertLoad:
     def add_routing(self, topk_ids: torch.Tensor, num_tokens: int) -> None:
         """One layer's routing [tokens, top_k] (global expert ids, on the device), counted there: no host sync."""
         if self._device is None:
-            self._device = _DeviceCounts(self.num_experts, self.world_size, topk_ids.device)
+            self._device = DeviceLoad(self.num_experts, self.world_size, topk_ids.device)
         self._device.add(topk_ids)
         self.num_dispatches += 1
         self.num_tokens += num_tokens
 
-    def _fold(self) -> None:
-        """The device's counts into the host counters (one sync, on the stream that counted them)."""
+    def _fold(self, wait: bool) -> None:
+        """The device's counts into the host counters: with ``wait`` all of them (a sync), else those already
+        copied to the host (none of the step in flight is waited for; the rest come at the next read)."""
         if self._device is None:
             return
-        entries, tokens, busiest = self._device.take()
-        per_rank = entries.view(self.world_size, -1).sum(1)
-        self.entries_per_expert += entries
-        self.entries_per_rank += per_rank
-        self.tokens_per_rank += tokens
-        self.max_rank_entries += busiest
-        self.mean_rank_entries += float(per_rank.sum()) / self.world_size
+        for entries, tokens, busiest in self._device.take(wait):
+            per_rank = entries.view(self.world_size, -1).sum(1)
+            self.entries_per_expert += entries
+            self.entries_per_rank += per_rank
+            self.tokens_per_rank += tokens
+            self.max_rank_entries += busiest
+            self.mean_rank_entries += float(per_rank.sum()) / self.world_size
 
     @property
     def imbalance(self) -> float:
@@ -80,7 +86,8 @@ class ExpertLoad:
         return self.max_rank_entries / self.mean_rank_entries if self.mean_rank_entries else 1.0
 
     def describe(self) -> dict[str, Any]:
-        self._fold()
+        """Every counter, the device's included (waits for the step in flight to count)."""
+        self._fold(wait=True)
         return {
             "num_dispatches": self.num_dispatches,
             "num_tokens": self.num_tokens,
@@ -95,7 +102,7 @@ class ExpertLoad:
         none before the first dispatch."""
         if not self.num_dispatches:
             return []
-        self._fold()
+        self._fold(wait=False)  # read by the engine's loop between steps: it must not wait for the one in flight
         experts = tuple((str(e), float(n)) for e, n in enumerate(self.entries_per_expert.tolist()))
         ranks = tuple((str(r), float(n)) for r, n in enumerate(self.entries_per_rank.tolist()))
         rows = tuple((str(r), float(n)) for r, n in enumerate(self.tokens_per_rank.tolist()))
@@ -110,32 +117,3 @@ class ExpertLoad:
                            "dispatch (1 = even).", "gauge", "layers", (("all", self.imbalance),)),
         ]
 
-
-class _DeviceCounts:
-    """Counts on the device since the last :meth:`take`: entries per expert, token rows per rank (a token with
-    several experts on one rank counts once there), and the busiest rank's entries summed over layers."""
-
-    def __init__(self, num_experts: int, world_size: int, device: torch.device) -> None:
-        self.world_size = world_size
-        self.experts_per_rank = num_experts // world_size
-        self.entries = torch.zeros(num_experts, dtype=torch.int64, device=device)
-        self.tokens = torch.zeros(world_size, dtype=torch.int64, device=device)
-        self.busiest = torch.zeros((), dtype=torch.int64, device=device)
-        self.stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
-
-    def add(self, topk_ids: torch.Tensor) -> None:
-        ids = topk_ids.long()
-        layer = torch.zeros_like(self.entries).index_add_(0, ids.reshape(-1), torch.ones_like(ids).reshape(-1))
-        self.entries += layer
-        self.busiest += layer.view(self.world_size, -1).sum(1).max()
-        hits = torch.zeros((ids.shape[0], self.world_size), dtype=torch.bool, device=ids.device)
-        self.tokens += hits.scatter_(1, ids // self.experts_per_rank, True).sum(0)
-
-    def take(self) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """``(entries per expert, tokens per rank, busiest-rank entries)`` on the host; the device's restart at 0."""
-        # the counters were made in the forward's inference mode: only that mode may update them in place
-        with torch.inference_mode(), torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
-            counts = (self.entries.to("cpu", copy=True), self.tokens.to("cpu", copy=True), int(self.busiest))
-            for t in (self.entries, self.tokens, self.busiest):
-                t.zero_()
-        return counts

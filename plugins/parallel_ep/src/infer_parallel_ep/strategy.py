@@ -2,11 +2,13 @@
 
 Each rank holds ``num_experts / N`` whole experts (the core's ``FusedMoE`` under ``ParallelContext.expert_parallel``);
 everything else splits as tensor parallelism splits it (attention heads, dense MLPs, a shared expert, the
-vocabulary), over the same ranks. After the weights load, ``prepare_model`` reduce-scatters attention's output so
-each rank holds its slice of the step's tokens up to the next attention (``slices.py``), and puts each experts
-layer behind the all-to-all dispatch and combine of that slice (``dispatch.py``). The ranks are the core's (``infer_core.distributed``): rank 0
-in the engine's process, the others spawned, with the same death and shutdown handling as ``tp``. That is the
-``all_to_all`` dispatch; the default, ``all_reduce``, runs the layers as built (README: which is faster where).
+vocabulary), over the same ranks. With the default dispatch, ``all_reduce``, the layers run as built: every rank
+routes every token and runs its own experts on those routed there, the partial sums all-reduced; rank 0 counts the
+routing (``counted.py``). With ``all_to_all``, ``prepare_model`` reduce-scatters attention's output so each rank
+holds its slice of the step's tokens up to the next attention (``slices.py``), and puts each experts layer behind
+the all-to-all dispatch and combine of that slice (``dispatch.py``). The ranks are the core's
+(``infer_core.distributed``): rank 0 in the engine's process, the others spawned, with the same death and shutdown
+handling as ``tp``.
 """
 
 from __future__ import annotations
@@ -101,11 +103,10 @@ class ExpertParallelStrategy(ParallelStrategy):
         return EPSettings.of(self.ctx.settings).expert_parallel_size
 
     def create_executor(self, engine_config: Any, worker_factory: WorkerFactory):
-        from infer_core.distributed import RankExecutor
-
+        from infer_parallel_ep.executor import ExpertParallelExecutor
         from infer_parallel_ep.group import EP_GROUP
 
-        return RankExecutor(engine_config, self.world_size, worker_factory, EP_GROUP)
+        return ExpertParallelExecutor(engine_config, self.world_size, worker_factory, EP_GROUP)
 
     def prepare_model(self, model: Any, parallel: ParallelContext) -> None:
         """With ``expert_parallel_dispatch="all_reduce"``, the layers as built, their routing counted on rank 0
