@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 
@@ -26,7 +27,9 @@ def quicken_triton_interpreter() -> None:
     import triton.language as tl
 
     original_patch, original_launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
-    launch: dict[str, Any] = {"active": False, "patched": set()}
+    # per thread: a test may run a kernel in a second thread (a rank that waits) while this one launches another,
+    # and one thread's launch must not take the other's patching for its own (its scope would be dropped)
+    launch = threading.local()
 
     seen_languages: dict[int, frozenset[int]] = {}  # a function's globals dict -> the language modules in it
 
@@ -39,19 +42,20 @@ def quicken_triton_interpreter() -> None:
         return found
 
     def patch_lang(fn):
-        if launch["active"] and languages(fn) <= launch["patched"]:
+        patched = getattr(launch, "patched", None)  # None: no launch in progress on this thread
+        if patched is not None and languages(fn) <= patched:
             return None  # a helper's call: its language is the launch's, patched already (its scope is dropped)
         scope = original_patch(fn)
-        if launch["active"]:
-            launch["patched"] |= languages(fn)
+        if patched is not None:
+            patched |= languages(fn)
         return scope
 
     def launch_kernel(self, *args, **kwargs):
-        launch["active"], launch["patched"] = True, set()
+        launch.patched = set()
         try:
             return original_launch(self, *args, **kwargs)
         finally:
-            launch["active"], launch["patched"] = False, set()
+            launch.patched = None
 
     np_dtypes: dict[Any, Any] = {}  # Triton dtype -> numpy dtype (the original builds its table at every call)
     original_np_dtype = interpreter._get_np_dtype
