@@ -19,8 +19,9 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[t
     return weights, ids
 
 
-def local_ids(topk_ids: torch.Tensor, first: int, count: int) -> torch.Tensor:
+def local_ids(topk_ids: torch.Tensor, first: int | torch.Tensor, count: int) -> torch.Tensor:
     """The ids of experts ``first .. first + count - 1`` (one expert-parallel rank's) as ``0 .. count - 1``, every
-    other expert's as ``count``: the id the grouping leaves out (``align.py``)."""
+    other expert's as ``count``: the id the grouping leaves out (``align.py``). ``first`` may be a tensor that
+    broadcasts against ``topk_ids`` (each row its receiving rank's first expert)."""
     local = topk_ids - first
     return torch.where((local >= 0) & (local < count), local, count)

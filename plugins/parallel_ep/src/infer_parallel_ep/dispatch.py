@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 from infer_core.layers.moe import FusedMoE
+from infer_core.layers.moe.routing import local_ids
 from torch import nn
 
 from infer_parallel_ep.communicator import ExpertParallelCommunicator
@@ -79,9 +80,8 @@ class DispatchedExperts(nn.Module):
         to_rank, token = sent // max(real, 1), sent % max(real, 1)
 
         # 2. dispatch: the rows, then their weights and local expert ids (float32 holds ids below 2**24 exactly)
-        local = ids[token].long() - (to_rank * per_rank).unsqueeze(1)
-        local_ids = torch.where((local >= 0) & (local < per_rank), local, per_rank)
-        meta = torch.cat([weights[token].float(), local_ids.float()], dim=1)
+        ids_there = local_ids(ids[token].long(), (to_rank * per_rank).unsqueeze(1), per_rank)
+        meta = torch.cat([weights[token].float(), ids_there.float()], dim=1)
         recv_x = comm.all_to_all(mine[token], recv_sizes, send_sizes)
         recv_meta = comm.all_to_all(meta, recv_sizes, send_sizes)
 

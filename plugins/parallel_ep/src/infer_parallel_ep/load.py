@@ -116,4 +116,3 @@ class ExpertLoad:
             ParallelMetric("moe_load_imbalance", "Busiest rank's entries over the ranks' mean, summed over every "
                            "dispatch (1 = even).", "gauge", "layers", (("all", self.imbalance),)),
         ]
-
