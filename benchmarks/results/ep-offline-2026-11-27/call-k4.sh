@@ -1,6 +1,6 @@
 # For the next session's first call, asked as nvidia-h100-x2 (where the whole Qwen3-30B-A3B fits one H100 beside
 # 254 KV blocks; the issue names that kind too): EP=2's GPU tests with the load read back asynchronously
-# (device_load.py) and the grouping kernel's tile caps, neither yet run on a GPU,, then benchmarks.ep on nano-vllm's whole workload (one GPU, EP=2, TP=2),
+# (device_load.py) and the grouping kernel's tile caps, neither yet run on a GPU, then benchmarks.ep on nano-vllm's whole workload (one GPU, EP=2, TP=2),
 # (the triton attention GPU tests K3 ran out of time for go to a one-GPU call).
 set -u
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
