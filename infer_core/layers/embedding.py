@@ -57,7 +57,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     identical, and samples the same tokens (the next step reads them on each rank's device).
 
     The matmul is the dense layers' (``layers/unquantized.py``): our GEMV at decode sizes where built for
-    it, and on the CPU oneDNN's GEMM on a copy of the weight packed after the load (``process_after_load``;
+    it, and on the CPU the packed GEMM on a copy of the weight packed after the load (``process_after_load``;
     a tied weight stays the embedding's too)."""
 
     def __init__(self, vocab_size, hidden_size, *, parallel, dtype, tied_to: VocabParallelEmbedding | None = None):
@@ -66,7 +66,7 @@ class ParallelLMHead(VocabParallelEmbedding):
             self.weight = tied_to.weight
         self.gemv = self.weight.dtype in GEMV_DTYPES and fused.runs_triton(fused.GEMV, self.weight.device)
         self.packs = not self.gemv and cpu_matmul.packs(self.weight)
-        self.packed: torch.Tensor | None = None
+        self.packed: cpu_matmul.PackedWeight | None = None
 
     def process_after_load(self) -> None:
         """Called once every weight is loaded (``models/weights.py``)."""

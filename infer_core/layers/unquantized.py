@@ -1,5 +1,5 @@
 """The dense LinearMethod: weights in the model dtype, ``F.linear``, our Triton GEMV at decode sizes (CUDA), or
-oneDNN's GEMM on a weight packed once after the load (the CPU, ``cpu_matmul.py``).
+a GEMM on a weight packed once after the load (the CPU: AMX tiles or oneDNN, ``cpu_matmul.py``).
 
 The ``none`` quantizer gives every layer one (``builtin/quant_none.py``). It lives with the layers because
 they fuse it with its neighbours: an RMSNorm before it and SiLU-and-mul after it run in its GEMV launch
@@ -23,9 +23,9 @@ class UnquantizedLinearMethod(LinearMethod):
     (the weight's device and dtype, ``fused.runs_triton``), and its tiles: where the layer's input is an
     RMSNorm's output (``layer.after_rms_norm``) those the GEMV has fused with that norm, and where its
     ``[gate; up]`` output goes to SiLU-and-mul (``layer.act``) those fused with that too, so a layer gives
-    the same bits whether the fused launch or this method runs it. On the CPU, where oneDNN packs the
-    weight's dtype (``cpu_matmul.packs``), the weight is packed once after the load and every call runs
-    oneDNN's GEMM on the packed copy.
+    the same bits whether the fused launch or this method runs it. On the CPU, where a packed GEMM takes the
+    weight's dtype (``cpu_matmul.packs``), the weight is packed once after the load and every call runs that
+    GEMM on the packed copy (AMX tiles for bfloat16 where the CPU has them, else oneDNN's).
     """
 
     def __init__(self) -> None:
@@ -33,7 +33,7 @@ class UnquantizedLinearMethod(LinearMethod):
         self.after_rms_norm = False
         self.before_silu = False
         self.packs = False
-        self.packed: torch.Tensor | None = None  # the CPU's packed weight, once loaded
+        self.packed: cpu_matmul.PackedWeight | None = None  # the CPU's packed weight, once loaded
 
     def create_weights(self, layer, input_size, output_sizes, params_dtype):
         weight = nn.Parameter(torch.empty(sum(output_sizes), input_size, dtype=params_dtype), requires_grad=False)
