@@ -23,11 +23,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-from pathlib import Path
 
 import torch
 
-from infer_core.layers.cpu_build import LONG, PTR, compiled
+from infer_core.layers.cpu_build import LONG, PTR, compiled, cpu_flags
 
 logger = logging.getLogger(__name__)
 
@@ -187,21 +186,10 @@ _SIGNATURES = (
 )
 
 
-def _cpu_has_amx() -> bool:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                return {"amx_tile", "amx_bf16"} <= flags
-    except OSError:
-        pass
-    return False
-
-
 @functools.cache
 def load() -> ctypes.CDLL | None:
     """The AMX kernels (built on first use, the process granted the tile state), or None where they cannot run."""
-    if not _cpu_has_amx():
+    if not {"amx_tile", "amx_bf16"} <= cpu_flags():
         return None
     library = compiled("amx", _SOURCE, (*_SIGNATURES, ("amx_request", ())))
     if library is None:

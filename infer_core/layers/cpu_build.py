@@ -66,6 +66,12 @@ def _cpu_features() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags (``/proc/cpuinfo``; empty where it cannot be read): what kernels may assume."""
+    line = _cpu_features()
+    return set(line.split(":", 1)[1].split()) if line.startswith("flags") else set()
+
+
 def cache_root() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "infer" / "kernels"
