@@ -33,7 +33,7 @@ def test_fused_experts_at_qwen3_30b_a3b_shapes(num_tokens):
     assert error < 1e-2, f"{num_tokens} tokens: off the float32 reference by {error:.2e}"
 
 
-@pytest.mark.parametrize("num_tokens", [1, 16, 128])
+@pytest.mark.parametrize("num_tokens", [1, 16, 128, 300, 512])
 def test_one_launch_router_and_grouping_on_cuda(num_tokens):
     from infer_core.layers.fused.moe_align import moe_align
     from infer_core.layers.fused.moe_route import moe_route

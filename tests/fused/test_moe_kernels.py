@@ -119,7 +119,9 @@ def test_the_method_chooses_the_kernel_where_built_for_it(device, triton_on_cpu)
 @pytest.mark.parametrize("num_tokens,num_experts,local,top_k,block_m", [
     (1, 128, 128, 8, 16), (5, 8, 8, 2, 16), (37, 6, 6, 3, 32), (128, 128, 128, 8, 16),
     # several programs with other ranks' experts left out, and expert counts that are no power of two
-    (128, 128, 64, 8, 16), (100, 60, 30, 8, 16), (127, 6, 3, 3, 32), (64, 512, 512, 8, 16), (0, 128, 128, 8, 16)])
+    (128, 128, 64, 8, 16), (100, 60, 30, 8, 16), (127, 6, 3, 3, 32), (64, 512, 512, 8, 16), (0, 128, 128, 8, 16),
+    # decode batches past 128 tokens at top-8, up to MAX_ENTRIES
+    (300, 128, 64, 8, 16), (512, 128, 128, 8, 16)])
 def test_the_one_launch_grouping_equals_the_torch_ops(num_tokens, num_experts, local, top_k, block_m, device):
     _, ids = _routing(max(num_tokens, 1), num_experts, top_k, False, device, num_tokens + num_experts)
     ids = ids[:num_tokens]

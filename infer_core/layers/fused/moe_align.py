@@ -2,7 +2,7 @@
 ``ExpertBlocks``), in one launch: for decode-sized steps, where the torch ops of ``align_by_expert`` would be
 some twenty small kernels a layer.
 
-Every program reads every entry's expert (at most ``MAX_ENTRIES``, a few KB from L2) and histograms them twice:
+Every program reads every entry's expert (at most ``MAX_ENTRIES``, at most 16 KB, from L2) and histograms them twice:
 all of them, which gives each expert's count, padded group and first slot, and those before its own chunk of
 entries, which gives where its entries of each expert start. It then writes its share of the output with no
 program waiting on another: its chunk's entries, each to its expert's first slot plus the entries of that
@@ -23,7 +23,8 @@ from infer_core.layers.fused import use_pdl
 from infer_core.layers.fused.pdl import pdl_enter
 from infer_core.layers.moe.align import ExpertBlocks, max_slots
 
-MAX_ENTRIES = 1024  # above this many entries the torch ops (align_by_expert) group them
+MAX_ENTRIES = 4096  # above this many entries (prefill-sized steps) the torch ops (align_by_expert) group them;
+# decode batches of up to 512 tokens at top-8 stay here, where the torch ops sort (2.5 ms a step at Qwen3-30B-A3B's 48 layers)
 TILE = 16384  # the most one-hot elements a program holds: its chunk of entries (or blocks) x the experts
 
 
