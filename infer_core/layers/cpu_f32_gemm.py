@@ -1,7 +1,7 @@
 """float32 ``x @ W^T (+ b)`` on the CPU's AVX-512 units for decode-sized batches, the weight packed once after the load.
 
-At the rows a CPU decodes (1-64) oneDNN's packed float32 GEMM runs the default model's projections at about a
-third of the two cores' FMA rate. Here a thread takes 32 output columns at a time (the weight packed so their K
+At the rows a CPU decodes (1-64) oneDNN's packed float32 GEMM leaves much of the cores' FMA rate unused on the
+default model's projections. Here a thread takes 32 output columns at a time (the weight packed so their K
 steps are 128 contiguous bytes: ``[ceil(N/32)][K][32]``, zeros past row N) and up to 12 rows of ``x`` against
 them: 24 accumulator registers, each K step one load of the 32 weights and 24 FMAs with ``x``'s value broadcast,
 the weights prefetched 16 steps ahead and re-read from L2 for the next 12 rows. Each output is one float32 sum
