@@ -26,7 +26,7 @@ import logging
 
 import torch
 
-from infer_core.layers.cpu_build import LONG, PTR, compiled, cpu_flags
+from infer_core.layers.cpu_build import LONG, PTR, compiled, cpu_flags, pack_weight, run_linear
 
 logger = logging.getLogger(__name__)
 
@@ -211,21 +211,9 @@ def takes(weight: torch.Tensor) -> bool:
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` [N, K] in tile order (the module's layout), a flat bfloat16 tensor."""
-    n, k = weight.shape
-    weight = weight.detach().contiguous()
-    out = torch.empty(-(-n // PAIR_N) * PAIR_N * k, dtype=torch.bfloat16)
-    load().amx_pack_bf16(weight.data_ptr(), out.data_ptr(), n, k)
-    return out
+    return pack_weight(load().amx_pack_bf16, weight, PAIR_N)
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
     """``x`` [M, K] (bfloat16, contiguous rows) times the packed weight's transpose, plus ``bias`` [N]: [M, N]."""
-    m, k = x.shape
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    y = torch.empty(m, n, dtype=torch.bfloat16)
-    if bias is not None:
-        bias = bias.contiguous()
-    load().amx_linear_bf16(x.data_ptr(), x.stride(0), packed.data_ptr(),
-                           bias.data_ptr() if bias is not None else None, y.data_ptr(), m, n, k)
-    return y
+    return run_linear(load().amx_linear_bf16, x, packed, n, bias)

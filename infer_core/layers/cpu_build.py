@@ -22,6 +22,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import torch
+
 logger = logging.getLogger(__name__)
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno")
@@ -117,3 +119,27 @@ def compiled(name: str, source: str, signatures: tuple[tuple[str, tuple], ...]) 
                        name, e)
         return None
     return library
+
+
+def pack_weight(function, weight: torch.Tensor, pair_n: int) -> torch.Tensor:
+    """A GEMM kernel's packing of ``weight`` [N, K]: ``function(w, out, N, K)`` writes it into a flat tensor of the
+    weight's dtype, rows padded to a multiple of ``pair_n``."""
+    n, k = weight.shape
+    weight = weight.detach().contiguous()
+    out = torch.empty(-(-n // pair_n) * pair_n * k, dtype=weight.dtype)
+    function(weight.data_ptr(), out.data_ptr(), n, k)
+    return out
+
+
+def run_linear(function, x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x`` [M, K] times a packed weight's transpose, plus ``bias`` [N] (or None): ``function(x, x's row stride,
+    packed, bias or NULL, y, M, N, K)`` writes y [M, N] in x's dtype; x's rows contiguous."""
+    m, k = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    y = torch.empty(m, n, dtype=x.dtype)
+    if bias is not None:
+        bias = bias.contiguous()
+    function(x.data_ptr(), x.stride(0), packed.data_ptr(), bias.data_ptr() if bias is not None else None,
+             y.data_ptr(), m, n, k)
+    return y

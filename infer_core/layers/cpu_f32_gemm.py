@@ -17,7 +17,7 @@ import functools
 
 import torch
 
-from infer_core.layers.cpu_build import LONG, PTR, compiled, cpu_flags
+from infer_core.layers.cpu_build import LONG, PTR, compiled, cpu_flags, pack_weight, run_linear
 
 PAIR_N = 32  # output columns a thread takes at a time
 
@@ -109,21 +109,9 @@ def takes(weight: torch.Tensor) -> bool:
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` [N, K] in the kernel's order (the module's layout), a flat float32 tensor."""
-    n, k = weight.shape
-    weight = weight.detach().contiguous()
-    out = torch.empty(-(-n // PAIR_N) * PAIR_N * k, dtype=torch.float32)
-    load().f32_pack(weight.data_ptr(), out.data_ptr(), n, k)
-    return out
+    return pack_weight(load().f32_pack, weight, PAIR_N)
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
     """``x`` [M, K] (float32, contiguous rows) times the packed weight's transpose, plus ``bias`` [N]: [M, N]."""
-    m, k = x.shape
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    y = torch.empty(m, n, dtype=torch.float32)
-    if bias is not None:
-        bias = bias.contiguous()
-    load().f32_linear(x.data_ptr(), x.stride(0), packed.data_ptr(), bias.data_ptr() if bias is not None else None,
-                      y.data_ptr(), m, n, k)
-    return y
+    return run_linear(load().f32_linear, x, packed, n, bias)
