@@ -69,14 +69,20 @@ def test_paged_decode_kernel_takes_head_dims_of_its_vectors_only():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_residual", [False, True])
-def test_add_rms_norm_kernel_is_the_torch_norm(dtype, with_residual):
+@pytest.mark.parametrize("scalar_only", [False, True], ids=["vectors", "scalar"])
+@pytest.mark.parametrize("width", [96, 583])
+def test_add_rms_norm_kernel_is_the_torch_norm(dtype, with_residual, scalar_only, width):
+    """Both compiled paths (AVX-512 where this CPU has it, and the scalar loops), rows of whole and partial
+    16-lane vectors."""
     gen = torch.Generator().manual_seed(3)
-    norm = ResidualRMSNorm(96, 1e-6, dtype=dtype)
+    norm = ResidualRMSNorm(width, 1e-6, dtype=dtype)
     assert norm.cpu_kernels is not None
-    norm.weight.data.copy_(torch.rand(96, generator=gen) + 0.5)
-    wide = (torch.randn(7, 128, generator=gen) * 3).to(dtype)
-    x = wide[:, :96]  # rows with a stride, as a projection's slice hands them
-    residual = torch.randn(7, 96, generator=gen).to(dtype) if with_residual else None
+    norm.cpu_kernels = cpu_elementwise.load(scalar_only=scalar_only)
+    assert norm.cpu_kernels is not None
+    norm.weight.data.copy_(torch.rand(width, generator=gen) + 0.5)
+    wide = (torch.randn(7, width + 32, generator=gen) * 3).to(dtype)
+    x = wide[:, :width]  # rows with a stride, as a projection's slice hands them
+    residual = torch.randn(7, width, generator=gen).to(dtype) if with_residual else None
     got, got_residual = norm(x, residual)
     expected, expected_residual = norm.forward_torch(x, residual) if with_residual else (norm.forward_torch(x), x)
     assert torch.equal(got_residual, expected_residual)
@@ -87,10 +93,14 @@ def test_add_rms_norm_kernel_is_the_torch_norm(dtype, with_residual):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("partial", [1.0, 0.5])
-def test_rotary_kernel_rotates_in_place_as_the_torch_rotary(dtype, partial):
+@pytest.mark.parametrize("scalar_only", [False, True], ids=["vectors", "scalar"])
+def test_rotary_kernel_rotates_in_place_as_the_torch_rotary(dtype, partial, scalar_only):
+    """Both compiled paths; half a rotation of 16 (one vector) and of 8 (a partial one)."""
     gen = torch.Generator().manual_seed(4)
     rope = RopeConfig(theta=1e4, partial_rotary_factor=partial)
     rotary = RotaryEmbedding(32, rope, 256, 256)
+    assert rotary.cpu_kernels is not None
+    rotary.cpu_kernels = cpu_elementwise.load(scalar_only=scalar_only)
     assert rotary.cpu_kernels is not None
     qkv = torch.randn(5, (4 + 2 * 2) * 32, generator=gen).to(dtype)
     q, k = qkv[:, :128].view(5, 4, 32), qkv[:, 128:192].view(5, 2, 32)  # views into the projection's output
@@ -106,9 +116,11 @@ def test_rotary_kernel_rotates_in_place_as_the_torch_rotary(dtype, partial):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_silu_and_mul_kernel_is_the_torch_activation(dtype):
+@pytest.mark.parametrize("scalar_only", [False, True], ids=["vectors", "scalar"])
+def test_silu_and_mul_kernel_is_the_torch_activation(dtype, scalar_only):
     """Rows of a gate_up output (a view with a wider row stride, as a fused layer may hand it), values over silu's
-    whole range, and its edges: -inf, huge negatives (0), huge positives (x), inf, NaN."""
+    whole range, and its edges: -inf, huge negatives (0), huge positives (x), inf, NaN, subnormal products; both
+    compiled paths (700 columns: whole 16-lane vectors and a partial one)."""
     from infer_core.layers import cpu_activation
     from infer_core.layers.activation import SiluAndMul
 
@@ -117,7 +129,9 @@ def test_silu_and_mul_kernel_is_the_torch_activation(dtype):
     x = wide[:, : 2 * 700]
     x[0, :14] = torch.tensor([float("-inf"), -1e30, -100.0, -88.8, -88.7, -88.5, -88.4, -87.5, 0.0, 87.5, 88.9, 1e30,
                               float("inf"), float("nan")])
-    library = cpu_activation.load()
+    x[1, :4], x[1, 700:704] = 1.0, torch.tensor([1e-39, -3e-39, 5e-40, 2e-38])  # products below float32's normals
+    library = cpu_activation.load(scalar_only=scalar_only)
+    assert library is not None
     assert cpu_activation.takes(x) and x.stride(0) == 2 * 700 + 8
     got, expected = cpu_activation.silu_and_mul(library, x), SiluAndMul().forward_torch(x)
     assert got.shape == expected.shape == (300, 700) and got.dtype == dtype

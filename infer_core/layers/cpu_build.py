@@ -56,6 +56,59 @@ static inline float from_f32(float x) { return x; }
 static inline float to_f32(float x) { return x; }
 """
 
+# The same conversions 16 lanes at a time on AVX-512 (with BW and VL: 16-bit lanes, masked 256-bit loads), for
+# kernels that gcc's vectorizer turns into slow code around the 16-bit stores: ``VEC_LOAD_*`` / ``VEC_STORE_*``
+# take a mask of the lanes in bounds (``vec_mask``), ``VEC_ROUND_*`` is ``LOAD(STORE(v))``, all bit for bit the
+# scalar conversions. ``VECTORS`` is defined where they are; a kernel keeps its scalar loop for other CPUs, and
+# defining ``INFER_SCALAR_ONLY`` (the tests) compiles only that.
+VECTORS = r"""
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && !defined(INFER_SCALAR_ONLY)
+#define VECTORS 1
+#include <immintrin.h>
+
+static inline __mmask16 vec_mask(int left) { return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u); }
+
+static inline __m512 VEC_LOAD_f32(const float *p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+static inline void VEC_STORE_f32(float *p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
+static inline __m512 VEC_ROUND_f32(__m512 v) { return v; }
+
+/* to_bf16 on each lane: the rounded bits in the low half of each 32-bit lane */
+static inline __m512i vec_bf16_bits(__m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    return _mm512_srli_epi32(_mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000))), 16);
+}
+
+/* to_bf16 on each lane, packed: AVX512_BF16's conversion rounds to nearest even and quiets NaN as to_bf16 does,
+   but flushes subnormals to zero; lanes holding one (rare) take the integer rounding */
+static inline __m256i vec_to_bf16(__m512 v) {
+#ifdef __AVX512BF16__
+    const __m512i magnitude = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff));
+    const __mmask16 subnormal = _mm512_cmplt_epu32_mask(_mm512_sub_epi32(magnitude, _mm512_set1_epi32(1)),
+                                                        _mm512_set1_epi32(0x7fffff));
+    if (__builtin_expect(subnormal == 0, 1)) return (__m256i)_mm512_cvtneps_pbh(v);
+#endif
+    return _mm512_cvtepi32_epi16(vec_bf16_bits(v));
+}
+
+static inline __m512 VEC_LOAD_bf16(const uint16_t *p, __mmask16 m) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+static inline void VEC_STORE_bf16(uint16_t *p, __m512 v, __mmask16 m) { _mm256_mask_storeu_epi16(p, m, vec_to_bf16(v)); }
+static inline __m512 VEC_ROUND_bf16(__m512 v) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(vec_to_bf16(v)), 16));
+}
+#endif
+"""
+
+
+def scalar_source(source: str) -> str:
+    """``source`` compiled without its ``VECTORS`` paths: the scalar loops, as on a CPU without AVX-512."""
+    return "#define INFER_SCALAR_ONLY 1\n" + source
+
 
 def _cpu_features() -> str:
     """This CPU's feature flags: what ``-march=native`` compiles for."""
