@@ -11,6 +11,8 @@ from infer_core.interfaces.context import RuntimeComponent
 if TYPE_CHECKING:
     import torch
 
+    from infer_core.layers.norm import NormedInput, RMSNorm
+
 
 class LinearMethod(ABC):
     """Weights and matmul of one linear layer.
@@ -61,6 +63,32 @@ class LinearMethod(ABC):
         """``layer.act(apply(layer, x, bias))`` in one launch, where this method has a kernel for it at ``x``'s size
         (a gate_up layer's SiLU-and-mul in its GEMV's epilogue); None where it has not: the layer then runs
         ``apply`` and the activation one after the other. Only asked of layers built with an ``act``."""
+        return None
+
+    def fuses_input_norm(self, layer: torch.nn.Module, norm: RMSNorm) -> bool:
+        """Whether :meth:`apply_with_norm` may compute ``layer``'s input norm in this method's own launch. Asked
+        once, when a layer built with an ``input_norm`` is built (its weights created), and only where that norm
+        hands its output on uncomputed (a ``NormedInput``: it runs our Triton kernels) and the core's fusions are
+        on (``fused.NORM_GEMV``). False (the default): the layer computes the norm by the norm's kernel and
+        calls ``apply`` / ``apply_with_act`` on it."""
+        return False
+
+    def apply_with_norm(self, layer: torch.nn.Module, normed: NormedInput, bias: torch.Tensor | None,
+                        normed_out: torch.Tensor | None = None) -> torch.Tensor | None:
+        """``layer``'s output on the norm it was built with, computed in one launch with that norm, where this
+        method has a kernel for it at ``normed.x``'s size; None where it has not, having written nothing: the
+        layer then computes the norm (``normed.materialize()``) and runs ``apply`` / ``apply_with_act`` on it.
+        Only asked of layers for which :meth:`fuses_input_norm` said True.
+
+        The invariant, what the layer's two launches would give: the output is ``apply(layer, norm(x +
+        residual), bias)``, with ``layer.act`` applied where the layer has one (a method whose kernel cannot
+        apply it declines that layer in ``fuses_input_norm``), equal to the unfused launches' up to the order of
+        its float32 sums; ``x + residual`` is written into ``normed.residual_out`` (nothing with ``residual``
+        None), and, where ``normed_out`` is given (a contiguous tensor of x's shape and dtype:
+        ``LinearBase.forward_and_input``, for an MoE block's experts that read the router's input), the norm's
+        output into it, both bit for bit what the norm's own kernel stores. A method that cannot store
+        ``normed_out`` returns None for such a call.
+        """
         return None
 
 

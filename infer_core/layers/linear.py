@@ -6,7 +6,8 @@ and places fused shards (q/k/v, gate/up) at their offsets.
 
 A replicated or column-parallel layer may be built with the RMSNorm that feeds it (``input_norm``) and
 the activation that follows it (``act``, SiLU-and-mul on gate_up): it then computes both, at decode sizes
-in one launch with its GEMV where it was built for that (``fused/gemv_fusion.py``).
+in one launch with its GEMV where its method was built for that (``LinearMethod.apply_with_norm``,
+``fused/gemv_fusion.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from torch import nn
 
 from infer_core.interfaces import LinearMethod, ParallelContext
 from infer_core.layers.activation import SiluAndMul
-from infer_core.layers.fused.gemv_fusion import decode_sized, fuses_input_norm, norm_gemv
+from infer_core.layers.fused.gemv_fusion import fuses_input_norm
 from infer_core.layers.norm import NormedInput, RMSNorm
 
 
@@ -118,8 +119,9 @@ class LinearBase(nn.Module):
     def forward(self, x: torch.Tensor | NormedInput) -> torch.Tensor:
         """``act(x @ W^T + b)``; x may be the input norm not computed yet, computed here."""
         if isinstance(x, NormedInput):
-            if self.fuses_input_norm and decode_sized(x):
-                return norm_gemv(x, self)
+            out = self.method.apply_with_norm(self, x, self.bias) if self.fuses_input_norm else None
+            if out is not None:
+                return out
             x = x.materialize()
         if self.act is None:
             return self.method.apply(self, x, self.bias)
@@ -131,11 +133,17 @@ class LinearBase(nn.Module):
         MoE block's experts after its router): a norm handed on is computed once, at decode sizes in this
         layer's GEMV launch, which also stores it."""
         if isinstance(x, NormedInput):
-            if self.fuses_input_norm and decode_sized(x):
-                normed = torch.empty(x.x.shape, dtype=x.x.dtype, device=x.x.device)
-                return norm_gemv(x, self, normed_out=normed), normed
+            both = self._fused_with_input(x) if self.fuses_input_norm else None
+            if both is not None:
+                return both
             x = x.materialize()
         return self.forward(x), x
+
+    def _fused_with_input(self, normed: NormedInput) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(output, the norm's output)`` from the method's fused launch, or None where it declines this call."""
+        x = torch.empty(normed.x.shape, dtype=normed.x.dtype, device=normed.x.device)
+        out = self.method.apply_with_norm(self, normed, self.bias, normed_out=x)
+        return None if out is None else (out, x)
 
 
 class ReplicatedLinear(LinearBase):

@@ -14,6 +14,7 @@ from torch import nn
 from infer_core.interfaces import LinearMethod
 from infer_core.layers import cpu_matmul, fused
 from infer_core.layers.fused.dense import GEMV_DTYPES, dense_linear, use_gemv
+from infer_core.layers.fused.gemv_fusion import decode_sized, dense_fuses_input_norm, norm_gemv
 
 
 class UnquantizedLinearMethod(LinearMethod):
@@ -52,6 +53,14 @@ class UnquantizedLinearMethod(LinearMethod):
     def uses_gemv(self, layer, x: torch.Tensor) -> bool:
         """Whether ``apply`` runs our GEMV kernel on ``x`` (a layer built for it, a decode-sized batch)."""
         return self.gemv and use_gemv(x, layer.weight)
+
+    def fuses_input_norm(self, layer, norm) -> bool:
+        """Where the norm, this GEMV and the activation would each run our kernels (``fused/gemv_fusion.py``)."""
+        return dense_fuses_input_norm(norm, layer)
+
+    def apply_with_norm(self, layer, normed, bias, normed_out=None):
+        """At 1-2 rows, ``fused/norm_gemv.py``'s launch: the bits of the norm, GEMV and SiLU-and-mul kernels."""
+        return norm_gemv(normed, layer, bias, normed_out) if decode_sized(normed) else None
 
     def apply(self, layer, x, bias):
         if self.packed is not None:

@@ -117,3 +117,15 @@ def test_sum_into_a_given_tensor(device):
     for bad in (torch.empty(3, 47, device=device), torch.empty(3, 48, device=device), torch.empty(48, 3).t()):
         with pytest.raises(ValueError, match="residual_out"):
             rms_norm(x, norm.weight, norm.eps, residual, residual_out=bad.to(device))
+
+
+def test_the_single_pass_tile_a_fused_norm_sums_on():
+    """What a kernel computing the norm itself (``norm_rows.rows_rstd``) must take: this kernel's one-pass tile and
+    warps; rows too long for one pass are refused with what to do."""
+    from infer_core.layers.fused.rms_norm import MAX_SINGLE_PASS, _tiles, single_pass_tile
+
+    for k in (48, 80, 128, 1000, 2048, 4096, 5120, MAX_SINGLE_PASS):
+        block_m, block_n, single, warps = _tiles(k, MAX_SINGLE_PASS)
+        assert single and single_pass_tile(k) == (block_m, block_n, warps), k
+    with pytest.raises(ValueError, match="run rms_norm, then the kernel"):
+        single_pass_tile(MAX_SINGLE_PASS + 1)

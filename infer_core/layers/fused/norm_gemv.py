@@ -50,49 +50,9 @@ from infer_core.layers.fused.gemv import (
     prefetch_w_to_l2,
 )
 from infer_core.layers.fused.pdl import pdl_enter
-from infer_core.layers.fused.rms_norm import MAX_SINGLE_PASS, _load_row_chunk, checked_residual_out
+from infer_core.layers.fused.norm_rows import normed_chunk, rows_rstd
+from infer_core.layers.fused.rms_norm import MAX_SINGLE_PASS, checked_residual_out
 from infer_core.layers.fused.rms_norm import _tiles as norm_tiles
-
-
-@triton.jit
-def _rows_rstd(x_ptr, res_ptr, res_out_ptr, num_rows, K, stride_xm, stride_rm, eps, offs_m,
-               BLOCK_M: tl.constexpr, NORM_BLOCK_M: tl.constexpr, NORM_BLOCK_N: tl.constexpr,
-               HAS_RESIDUAL: tl.constexpr):
-    """``1 / rms`` of each row of ``x (+ residual)`` as ``[BLOCK_M]``; program 0 stores ``x + residual``.
-
-    Rows go in blocks of ``rms_norm.py``'s tile ``[NORM_BLOCK_M, NORM_BLOCK_N]`` through its own load
-    and sum, so each sum of squares is that kernel's. A row's value is taken out of the block by a
-    sum of it and zeros (exact), which leaves the block's layout alone.
-    """
-    cols = tl.arange(0, NORM_BLOCK_N)
-    block_rows = tl.arange(0, NORM_BLOCK_M)
-    stored_rows = tl.where(tl.program_id(0) == 0, num_rows, 0)  # program 0 writes x + residual
-    rstd_rows = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for start in tl.static_range(0, BLOCK_M, NORM_BLOCK_M):
-        rows = start + block_rows
-        mask = (rows < num_rows)[:, None] & (cols < K)[None, :]
-        x = _load_row_chunk(x_ptr, res_ptr, (rows * stride_xm)[:, None] + cols[None, :],
-                            (rows * stride_rm)[:, None] + cols[None, :], mask, HAS_RESIDUAL)
-        if HAS_RESIDUAL:
-            tl.store(res_out_ptr + (rows * K)[:, None] + cols[None, :], x.to(res_out_ptr.dtype.element_ty),
-                     mask=(rows < stored_rows)[:, None] & (cols < K)[None, :])
-        rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / K + eps)
-        for i in tl.static_range(NORM_BLOCK_M):
-            if start + i < BLOCK_M:
-                row_rstd = tl.sum(tl.where(block_rows == i, rstd, 0.0), axis=0)
-                rstd_rows = tl.where(offs_m == start + i, row_rstd, rstd_rows)
-    return rstd_rows
-
-
-@triton.jit
-def _normed_chunk(x_ptr, res_ptr, norm_w_ptr, row, k, K, stride_xm, stride_rm, rstd, HAS_RESIDUAL: tl.constexpr):
-    """One K chunk of the norm's output row, rounded as ``rms_norm.py`` stores it, in float32."""
-    mask = k < K
-    dtype = norm_w_ptr.dtype.element_ty
-    x = _load_row_chunk(x_ptr, res_ptr, row * stride_xm + k, row * stride_rm + k, mask, HAS_RESIDUAL)
-    y = (x * rstd).to(dtype).to(tl.float32)
-    w = tl.load(norm_w_ptr + k, mask=mask, other=0.0).to(tl.float32)
-    return (w * y).to(dtype).to(tl.float32)
 
 
 @triton.jit(do_not_specialize=["num_rows"])
@@ -151,7 +111,7 @@ def _norm_gemv_kernel(
             prefetch_w_to_l2(w_ptr, (first_rows + N) * stride_wn, K, PREFETCH_LINES)
     pdl_enter(USE_PDL)  # before any other load or store: see fused/pdl.py
     if HAS_NORM:
-        rstd_rows = _rows_rstd(x_ptr, res_ptr, res_out_ptr, num_rows, K, stride_xm, stride_rm, eps, offs_m,
+        rstd_rows = rows_rstd(x_ptr, res_ptr, res_out_ptr, num_rows, K, stride_xm, stride_rm, eps, offs_m,
                                BLOCK_M, NORM_BLOCK_M, NORM_BLOCK_N, HAS_RESIDUAL)
     dtype = y_ptr.dtype.element_ty
     num_blocks = tl.cdiv(N, BLOCK_N)
@@ -176,7 +136,7 @@ def _norm_gemv_kernel(
                 row = tl.minimum(m, num_rows - 1)  # rows past num_rows: repeats, not stored
                 if HAS_NORM:
                     rstd = tl.sum(tl.where(offs_m == row, rstd_rows, 0.0), axis=0)
-                    xm = _normed_chunk(x_ptr, res_ptr, norm_w_ptr, row, k, K, stride_xm, stride_rm, rstd,
+                    xm = normed_chunk(x_ptr, res_ptr, norm_w_ptr, row, k, K, stride_xm, stride_rm, rstd,
                                        HAS_RESIDUAL)
                     if STORE_NORMED:  # float32 holding values of the dtype: stored exactly
                         tl.store(normed_ptr + row * K + k, xm.to(dtype), mask=(k < K) & ((block == 0) & (row == m)))

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from infer_core.layers.fused import use_pdl
+from infer_core.layers.fused.norm_rows import load_row_chunk
 from infer_core.layers.fused.pdl import pdl_enter
 
 MAX_SINGLE_PASS = 16384  # rows longer than this are normalised in two passes over column chunks
@@ -23,16 +24,6 @@ ROW_ELEMENTS = 2048  # rows of a short N are packed into one program up to about
 # bytes floor (benchmarks.gemv --fused --sweep; decode-graph-kernels-h100-* logs)
 LARGE_ROW = 2048
 LARGE_ROW_WARPS = 8
-
-
-@triton.jit
-def _load_row_chunk(x_ptr, res_ptr, x_offs, r_offs, mask, HAS_RESIDUAL: tl.constexpr):
-    """The float32 values of ``x`` (+ ``residual``, rounded to x's dtype like a torch add)."""
-    x = tl.load(x_ptr + x_offs, mask=mask, other=0.0)
-    if HAS_RESIDUAL:
-        r = tl.load(res_ptr + r_offs, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
-    return x.to(tl.float32)
 
 
 @triton.jit(do_not_specialize=["num_rows"])
@@ -71,7 +62,7 @@ def _rms_norm_kernel(
 
     if SINGLE_PASS:
         mask = row_ok[:, None] & (cols < n_cols)[None, :]
-        x = _load_row_chunk(x_ptr, res_ptr, x_row + cols[None, :] * stride_x_col,
+        x = load_row_chunk(x_ptr, res_ptr, x_row + cols[None, :] * stride_x_col,
                             r_row + cols[None, :] * stride_r_col, mask, HAS_RESIDUAL)
         if HAS_RESIDUAL:
             tl.store(res_out_ptr + out_row + cols[None, :], x.to(x_dtype), mask=mask)
@@ -84,7 +75,7 @@ def _rms_norm_kernel(
         for start in range(0, n_cols, BLOCK_N):
             c = start + cols
             mask = row_ok[:, None] & (c < n_cols)[None, :]
-            x = _load_row_chunk(x_ptr, res_ptr, x_row + c[None, :] * stride_x_col,
+            x = load_row_chunk(x_ptr, res_ptr, x_row + c[None, :] * stride_x_col,
                                 r_row + c[None, :] * stride_r_col, mask, HAS_RESIDUAL)
             if HAS_RESIDUAL:
                 tl.store(res_out_ptr + out_row + c[None, :], x.to(x_dtype), mask=mask)
@@ -94,7 +85,7 @@ def _rms_norm_kernel(
             c = start + cols
             mask = row_ok[:, None] & (c < n_cols)[None, :]
             # the sum is recomputed from the inputs rather than read back from res_out
-            x = _load_row_chunk(x_ptr, res_ptr, x_row + c[None, :] * stride_x_col,
+            x = load_row_chunk(x_ptr, res_ptr, x_row + c[None, :] * stride_x_col,
                                 r_row + c[None, :] * stride_r_col, mask, HAS_RESIDUAL)
             w = tl.load(w_ptr + c, mask=c < n_cols, other=0.0).to(tl.float32)
             y = (x * rstd[:, None]).to(x_dtype).to(tl.float32)
@@ -132,6 +123,16 @@ def _tiles(n_cols: int, max_single_pass: int) -> tuple[int, int, bool, int]:
         # at 16 one did, and each waited alone on its W loads (a Qwen3-8B decode step measured slower).
         num_warps = LARGE_ROW_WARPS
     return block_m, block_n, single, num_warps
+
+
+def single_pass_tile(k: int) -> tuple[int, int, int]:
+    """(rows, columns, warps) of this kernel's one-pass tile on rows of ``k`` elements: what a kernel that computes
+    the norm itself (``norm_rows.rows_rstd``) must sum on, and at, to get this kernel's bits."""
+    if not 0 < k <= MAX_SINGLE_PASS:
+        raise ValueError(f"a norm inside another kernel takes rows of 1 to {MAX_SINGLE_PASS} elements, got {k}: run "
+                         "rms_norm, then the kernel")
+    block_m, block_n, _, warps = _tiles(k, MAX_SINGLE_PASS)
+    return block_m, block_n, warps
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None, *,

@@ -58,3 +58,30 @@ def test_w8a8_engine_on_cuda(folder, quantization):
         reference = distance(cpu["bfloat16", quantization][i][0], cpu["bfloat16", None][i][0])
         spread = distance(cpu["bfloat16", quantization][i][0], cpu["float32", quantization][i][0])
         assert distance(got[0], expected[0]) <= reference + spread, (i, reference, spread)
+
+
+@pytest.mark.parametrize("quantization", ["int8", "fp8"])
+def test_w8a8_decode_runs_the_norms_in_the_gemv(folder, quantization, monkeypatch):
+    """Every decoder layer's qkv and gate_up run their input norm in their W8 GEMV launch at decode (the layers'
+    flags), in CUDA graphs as eagerly; and the tokens and logits are those of the model built with the norms
+    unfused (``fused.NORM_GEMV`` TORCH): the same norm values, the GEMV's float32 sums in another order at most."""
+    from infer_core.layers import fused
+    from infer_quant_w8a8 import gemv
+
+    calls = []
+    launch = gemv.w8_rms_norm_gemv
+    monkeypatch.setattr(gemv, "w8_rms_norm_gemv", lambda *a, **kw: calls.append(1) or launch(*a, **kw))
+    llm = LLM(str(folder), device="cuda", dtype="bfloat16", max_model_len=256, gpu_memory_utilization=0.3,
+              quantization=quantization, enforce_eager=True)
+    layers = llm.engine.executor.worker.runner.model.model.layers
+    assert all(layer.self_attn.qkv_proj.fuses_input_norm and layer.mlp.gate_up_proj.fuses_input_norm
+               for layer in layers)
+    llm.shutdown()
+    calls.clear()
+    tokens, logits = run(folder, quantization=quantization)
+    assert calls  # captured into the graphs (and run by the warm-up)
+    monkeypatch.setattr(fused, "NORM_GEMV", fused.FusedImpl.TORCH)
+    unfused_tokens, unfused_logits = run(folder, quantization=quantization)
+    assert tokens == unfused_tokens
+    for got, want in zip(logits, unfused_logits):
+        assert distance(got, want) < 1e-2

@@ -21,11 +21,12 @@ from __future__ import annotations
 import torch
 from infer_core.interfaces import LinearMethod
 from infer_core.layers import fused
+from infer_core.layers.fused.gemv_fusion import MAX_FUSED_K
 from torch import nn
 
 from infer_quant_w8a8.gemm import choose_gemm, reference
 from infer_quant_w8a8.quantize import TORCH_DTYPES, expand_block_scales, quantize_weight
-from infer_quant_w8a8.schemes import LinearScheme
+from infer_quant_w8a8.schemes import LinearScheme, QuantDtype
 
 GEMV_MAX_ROWS = 8  # gemv.MAX_ROWS (not imported: that module imports triton)
 
@@ -43,9 +44,11 @@ class W8A8LinearMethod(LinearMethod):
         self.block_n = block_n
         self.gemv = False
         self.gemm = reference
+        self.params_dtype: torch.dtype | None = None  # the model dtype: x's, the bias's and the norms'
 
     def create_weights(self, layer, input_size, output_sizes, params_dtype):
         n, k = sum(output_sizes), input_size
+        self.params_dtype = params_dtype
         weight = nn.Parameter(torch.empty(n, k, dtype=TORCH_DTYPES[self.scheme.weight.dtype]), requires_grad=False)
         weight.output_dim, weight.input_dim = 0, 1
         layer.register_parameter("weight", weight)
@@ -140,6 +143,34 @@ class W8A8LinearMethod(LinearMethod):
         from infer_quant_w8a8.gemv import w8_gemv
 
         return w8_gemv(x, layer.weight, getattr(layer, self.scale_name), bias, self.scheme.weight.group_k, silu=True)
+
+    def fuses_input_norm(self, layer, norm) -> bool:
+        """Where the GEMV runs, on rows the norm kernel takes in one pass, in this layer's dtype; with gate_up's
+        SiLU-and-mul only where that runs our kernel (as ``apply_with_act``: the fused launch gives its values).
+        Per-channel weights only: grouped ones (a checkpoint's 128-column blocks) take K steps no wider than a
+        group, and normalising the input's chunk again at each of those many short steps measured slower than
+        the norm's own launch (the kernel computes them all the same: ``gemv.w8_rms_norm_gemv``); and not FP8
+        gate_up, whose fused launch (two e4m3 tiles a K step besides the norm's chunk) measured slower than the
+        norm's launch and the plain one together, where int8's and FP8 qkv's measured faster."""
+        act = layer.act
+        if act is not None and self.scheme.weight.dtype is QuantDtype.FP8:
+            return False
+        return (self.gemv and self.scheme.weight.group_k is None and norm.weight.dtype == self.params_dtype
+                and 0 < layer.input_size <= MAX_FUSED_K and (act is None or getattr(act, "triton", False)))
+
+    def apply_with_norm(self, layer, normed, bias, normed_out=None):
+        """At decode sizes, the input norm (+ residual add) in the GEMV's launch (``gemv.w8_rms_norm_gemv``): its
+        sum into ``residual_out`` and its output (into ``normed_out`` where given) the norm kernel's bits."""
+        x = normed.x
+        if x.dim() != 2 or not self.uses_gemv(layer, x):
+            return None
+        from infer_quant_w8a8.gemv import w8_rms_norm_gemv
+
+        norm = normed.norm
+        out = w8_rms_norm_gemv(x, norm.weight, norm.eps, layer.weight, getattr(layer, self.scale_name), bias,
+                               self.scheme.weight.group_k, normed.residual, silu=layer.act is not None,
+                               residual_out=normed.residual_out, normed_out=normed_out)
+        return out if normed.residual is None else out[0]
 
     def apply(self, layer, x, bias):
         if self.uses_gemv(layer, x):
