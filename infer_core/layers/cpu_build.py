@@ -97,7 +97,9 @@ static inline __m256i vec_to_bf16(__m512 v) {
 static inline __m512 VEC_LOAD_bf16(const uint16_t *p, __mmask16 m) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
 }
-static inline void VEC_STORE_bf16(uint16_t *p, __m512 v, __mmask16 m) { _mm256_mask_storeu_epi16(p, m, vec_to_bf16(v)); }
+static inline void VEC_STORE_bf16(uint16_t *p, __m512 v, __mmask16 m) {
+    _mm256_mask_storeu_epi16(p, m, vec_to_bf16(v));
+}
 static inline __m512 VEC_ROUND_bf16(__m512 v) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(vec_to_bf16(v)), 16));
 }

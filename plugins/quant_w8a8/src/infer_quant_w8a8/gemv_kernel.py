@@ -12,19 +12,18 @@ run and in CUDA-graph replay); rows of x past ``num_rows`` repeat the last row a
 gate tile and the matching up tile each K step and stores ``silu(gate) * up`` with ``fused/silu_and_mul.py``'s
 arithmetic on gate and up rounded as the plain GEMV stores them.
 
-With ``HAS_NORM`` x is first normalised as the core's norm kernel does it (``infer_core.layers.fused.norm_rows``): every program
-takes its rows' sums of squares before its K loop, and normalises each K chunk it multiplies; program 0 stores
-the residual sum. The first K step's W is loaded before that prologue (and before the PDL wait), so the norm's
-work runs while W arrives, as in the core's fused norm + dense GEMV. Imports triton.
+With ``HAS_NORM`` x is first normalised as the core's norm kernel does it (``infer_core.layers.fused.norm_rows``):
+every program takes its rows' sums of squares before its K loop, and normalises each K chunk it multiplies;
+program 0 stores the residual sum. The first K step's W is loaded before that prologue (and before the PDL
+wait), so the norm's work runs while W arrives, as in the core's fused norm + dense GEMV. Imports triton.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
-from infer_core.layers.fused.pdl import pdl_enter
 from infer_core.layers.fused.norm_rows import normed_chunk, rows_rstd
-
+from infer_core.layers.fused.pdl import pdl_enter
 
 
 @triton.jit
@@ -156,7 +155,8 @@ def w8_gemv_kernel(x_ptr, res_ptr, norm_w_ptr, w_ptr, s_ptr, bias_ptr, y_ptr, re
                     HAS_RESIDUAL: tl.constexpr, NORM_BLOCK_M: tl.constexpr, NORM_BLOCK_N: tl.constexpr,
                     STORE_NORMED: tl.constexpr, USE_PDL: tl.constexpr):
     """``y[M, N]``: ``x @ dequant(W)^T (+ bias)``, or with ``SILU`` ``silu(gate) * up`` of it (W has 2N rows: the
-    gate rows, then the up rows); with ``HAS_NORM`` x is first ``rms_norm(x (+ residual))`` (``infer_core.layers.fused.norm_rows``).
+    gate rows, then the up rows); with ``HAS_NORM`` x is first ``rms_norm(x (+ residual))``
+    (``infer_core.layers.fused.norm_rows``).
     A program computes column block ``program_id``. With ``HAS_NORM`` its first K step's W tiles are loaded
     before the PDL wait and the norm's prologue, which then run while they arrive (no kernel writes W)."""
     w_rows = tl.minimum(tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)
