@@ -74,7 +74,7 @@ class LinearMethod(ABC):
         return False
 
     def apply_with_norm(self, layer: torch.nn.Module, normed: NormedInput, bias: torch.Tensor | None,
-                        normed_out: torch.Tensor | None = None) -> torch.Tensor | None:
+                        keep_normed: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None:
         """``layer``'s output on the norm it was built with, computed in one launch with that norm, where this
         method has a kernel for it at ``normed.x``'s size; None where it has not, having written nothing: the
         layer then computes the norm (``normed.materialize()``) and runs ``apply`` / ``apply_with_act`` on it.
@@ -84,10 +84,10 @@ class LinearMethod(ABC):
         residual), bias)``, with ``layer.act`` applied where the layer has one (a method whose kernel cannot
         apply it declines that layer in ``fuses_input_norm``), equal to the unfused launches' up to the order of
         its float32 sums; ``x + residual`` is written into ``normed.residual_out`` (nothing with ``residual``
-        None), and, where ``normed_out`` is given (a contiguous tensor of x's shape and dtype:
-        ``LinearBase.forward_and_input``, for an MoE block's experts that read the router's input), the norm's
-        output into it, both bit for bit what the norm's own kernel stores. A method that cannot store
-        ``normed_out`` returns None for such a call.
+        None); with ``keep_normed`` (``LinearBase.forward_and_input``, for an MoE block's experts that read the
+        router's input) it returns ``(output, the norm's output)``, the latter a new contiguous tensor, allocated
+        only once the method takes the call; the residual sum and the norm's output bit for bit what the norm's
+        own kernel stores. A method that cannot keep the norm's output returns None for such a call.
         """
         return None
 

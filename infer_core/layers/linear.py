@@ -133,17 +133,11 @@ class LinearBase(nn.Module):
         MoE block's experts after its router): a norm handed on is computed once, at decode sizes in this
         layer's GEMV launch, which also stores it."""
         if isinstance(x, NormedInput):
-            both = self._fused_with_input(x) if self.fuses_input_norm else None
+            both = self.method.apply_with_norm(self, x, self.bias, keep_normed=True) if self.fuses_input_norm else None
             if both is not None:
                 return both
             x = x.materialize()
         return self.forward(x), x
-
-    def _fused_with_input(self, normed: NormedInput) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``(output, the norm's output)`` from the method's fused launch, or None where it declines this call."""
-        x = torch.empty(normed.x.shape, dtype=normed.x.dtype, device=normed.x.device)
-        out = self.method.apply_with_norm(self, normed, self.bias, normed_out=x)
-        return None if out is None else (out, x)
 
 
 class ReplicatedLinear(LinearBase):

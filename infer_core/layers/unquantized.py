@@ -58,9 +58,14 @@ class UnquantizedLinearMethod(LinearMethod):
         """Where the norm, this GEMV and the activation would each run our kernels (``fused/gemv_fusion.py``)."""
         return dense_fuses_input_norm(norm, layer)
 
-    def apply_with_norm(self, layer, normed, bias, normed_out=None):
+    def apply_with_norm(self, layer, normed, bias, keep_normed=False):
         """At 1-2 rows, ``fused/norm_gemv.py``'s launch: the bits of the norm, GEMV and SiLU-and-mul kernels."""
-        return norm_gemv(normed, layer, bias, normed_out) if decode_sized(normed) else None
+        if not decode_sized(normed):
+            return None
+        if not keep_normed:
+            return norm_gemv(normed, layer, bias)
+        rows = torch.empty(normed.x.shape, dtype=normed.x.dtype, device=normed.x.device)
+        return norm_gemv(normed, layer, bias, rows), rows
 
     def apply(self, layer, x, bias):
         if self.packed is not None:

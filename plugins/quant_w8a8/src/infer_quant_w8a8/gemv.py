@@ -64,7 +64,7 @@ def w8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: to
     ``weight`` [N, K] int8 or float8 e4m3fn, K contiguous; ``scale`` float32 [N, 1] (per channel, ``group_k``
     None) or [N, ceil(K / group_k)] (groups of ``group_k`` columns, a power of two).
     """
-    return _launch(x, weight, scale, bias, group_k, silu)[0]
+    return _launch(x, weight, scale, bias, group_k, silu)
 
 
 def w8_rms_norm_gemv(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
@@ -89,13 +89,13 @@ def w8_rms_norm_gemv(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, wei
                              f"and dtype {x.dtype}")
     if residual is not None and residual_out is None:
         residual_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    y, _ = _launch(x, weight, scale, bias, group_k, silu, (norm_weight, eps, residual, residual_out, normed_out))
+    y = _launch(x, weight, scale, bias, group_k, silu, (norm_weight, eps, residual, residual_out, normed_out))
     return y if residual is None else (y, residual_out)
 
 
 def _launch(x, weight, scale, bias, group_k, silu, norm=None):
     """Checks, and the launch: the plain GEMV, or with ``norm`` ``(weight, eps, residual, residual_out,
-    normed_out)`` the fused one. Returns ``(y, rows)``."""
+    normed_out)`` the fused one. Returns y."""
     k = x.shape[-1]
     n = weight.shape[0]
     if weight.shape != (n, k) or weight.stride(1) != 1:
@@ -117,7 +117,7 @@ def _launch(x, weight, scale, bias, group_k, silu, norm=None):
     if norm is not None and (n == 0 or k == 0):
         raise ValueError(f"the fused norm + GEMV needs K >= 1 and N >= 1, got weight {tuple(weight.shape)}")
     if num_rows == 0 or n == 0:
-        return out, rows
+        return out
     groups = 1 if group_k is None else -(-k // group_k)
     if scale.shape[1] != groups:
         raise ValueError(f"scale {tuple(scale.shape)} must have {groups} columns for K={k} in groups of {group_k}")
@@ -139,4 +139,4 @@ def _launch(x, weight, scale, bias, group_k, silu, norm=None):
         NORM_BLOCK_N=norm_block_n, STORE_NORMED=normed_out is not None, USE_PDL=pdl,
         num_warps=warps, launch_pdl=pdl,
     )
-    return out, rows
+    return out

@@ -158,19 +158,21 @@ class W8A8LinearMethod(LinearMethod):
         return (self.gemv and self.scheme.weight.group_k is None and norm.weight.dtype == self.params_dtype
                 and 0 < layer.input_size <= MAX_FUSED_K and (act is None or getattr(act, "triton", False)))
 
-    def apply_with_norm(self, layer, normed, bias, normed_out=None):
+    def apply_with_norm(self, layer, normed, bias, keep_normed=False):
         """At decode sizes, the input norm (+ residual add) in the GEMV's launch (``gemv.w8_rms_norm_gemv``): its
-        sum into ``residual_out`` and its output (into ``normed_out`` where given) the norm kernel's bits."""
+        sum into ``residual_out`` and its output (kept with ``keep_normed``) the norm kernel's bits."""
         x = normed.x
         if x.dim() != 2 or not self.uses_gemv(layer, x):
             return None
         from infer_quant_w8a8.gemv import w8_rms_norm_gemv
 
         norm = normed.norm
+        rows = torch.empty(x.shape, dtype=x.dtype, device=x.device) if keep_normed else None
         out = w8_rms_norm_gemv(x, norm.weight, norm.eps, layer.weight, getattr(layer, self.scale_name), bias,
                                self.scheme.weight.group_k, normed.residual, silu=layer.act is not None,
-                               residual_out=normed.residual_out, normed_out=normed_out)
-        return out if normed.residual is None else out[0]
+                               residual_out=normed.residual_out, normed_out=rows)
+        out = out if normed.residual is None else out[0]
+        return out if rows is None else (out, rows)
 
     def apply(self, layer, x, bias):
         if self.uses_gemv(layer, x):
