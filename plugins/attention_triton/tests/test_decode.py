@@ -7,7 +7,7 @@ import torch
 
 from infer_attention_triton.decode import SplitScratch, decode_attention
 from infer_attention_triton.testing import make_paged_batch, reference_attention, relative_error, write_new_tokens
-from infer_attention_triton.tiles import DecodeTiles, choose_num_splits
+from infer_attention_triton.tiles import FP8_PROGRAMS_PER_SM, DecodeTiles, choose_num_splits
 
 
 def run_decode(batch, scale, num_splits, block_n, sliding_window=None, req_order=None):
@@ -133,3 +133,7 @@ def test_split_count_fills_the_gpu_and_stays_bounded():
     for num_seqs in (1, 3, 8, 64, 256):
         splits = choose_num_splits(num_seqs, 8, 32768, 132, 64)
         assert splits & (splits - 1) == 0 and 1 <= splits <= 64
+    # An FP8 cache's programs aim at four an SM: 32 requests of 8,000 tokens over 8 KV heads take 4 splits, not 2.
+    assert choose_num_splits(32, 8, 8000, 132, 128) == 2
+    assert choose_num_splits(32, 8, 8000, 132, 128, FP8_PROGRAMS_PER_SM) == 4
+    assert choose_num_splits(256, 8, 2000, 132, 128, FP8_PROGRAMS_PER_SM) == 1

@@ -22,7 +22,15 @@ from infer_core.layers.fused.kv_write import write_kv
 from infer_attention_triton.capabilities import CAPABILITIES, validate_context
 from infer_attention_triton.decode import SplitScratch, decode_attention
 from infer_attention_triton.prefill import prefill_attention
-from infer_attention_triton.tiles import MAX_SPLITS, PrefillTiles, choose_num_splits, decode_tiles, prefill_tiles
+from infer_attention_triton.tiles import (
+    FP8_PROGRAMS_PER_SM,
+    MAX_SPLITS,
+    PROGRAMS_PER_SM,
+    PrefillTiles,
+    choose_num_splits,
+    decode_tiles,
+    prefill_tiles,
+)
 from infer_attention_triton.warmup import warm_up_decode
 
 WAVES_BEFORE_ORDER = 2  # decode programs per SM above which they launch longest context first
@@ -59,7 +67,8 @@ class TritonAttentionBackend(AttentionBackend):
         self.num_heads = ctx.model.num_heads
         self.num_kv_heads = ctx.model.num_kv_heads  # this rank's, once the layers are bound
         self.head_dim = ctx.model.head_dim
-        self.decode_tiles = decode_tiles(self.head_dim, kv_fp8=ctx.settings.kv_cache_dtype == "fp8")
+        self.kv_fp8 = ctx.settings.kv_cache_dtype == "fp8"
+        self.decode_tiles = decode_tiles(self.head_dim, kv_fp8=self.kv_fp8)
         self._scratch: SplitScratch | None = None
         self._num_sms: int | None = None
 
@@ -77,14 +86,15 @@ class TritonAttentionBackend(AttentionBackend):
         launch grid, then depends only on the batch size.
         """
         num_decodes = common.num_decode_only
-        tiles = prefill_tiles(self.head_dim, common.block_size)
+        tiles = prefill_tiles(self.head_dim, common.block_size, self.kv_fp8)
         if num_decodes == 0:
             return TritonMetadata(common, 1, None, tiles)
         device = common.seq_lens.device
         if self._num_sms is None:
             self._num_sms = multiprocessor_count(device)
         num_splits = choose_num_splits(
-            num_decodes, self.num_kv_heads, common.max_seq_len, self._num_sms, self.decode_tiles.block_n
+            num_decodes, self.num_kv_heads, common.max_seq_len, self._num_sms, self.decode_tiles.block_n,
+            FP8_PROGRAMS_PER_SM if self.kv_fp8 else PROGRAMS_PER_SM,
         )
         if num_splits == 1:
             return TritonMetadata(common, 1, None, tiles)

@@ -6,8 +6,10 @@ earlier chunks) plus the chunk itself, whose K/V were written to the cache first
 over key tiles; keys that every query of a tile sees are processed without a mask, the diagonal
 tiles with one.
 
-An FP8 cache is read as in decode_kernel.py: values cast to the query's dtype, ``k_scale`` folded into the
-softmax scale on the host, ``v_scale`` (None otherwise, like ``KV_FP8``) multiplying the output.
+An FP8 cache is read as in decode_kernel.py: its values cast to float16 (``FP8_AS``; a float32 query's dtype), the
+query (clamped to float16's range) and the probabilities with them, so both dots run in float16 with no
+conversion through float32; ``k_scale`` folded into the softmax scale on the host, ``v_scale`` (None otherwise,
+like ``KV_FP8``) multiplying the output.
 """
 
 from __future__ import annotations
@@ -122,6 +124,8 @@ def _prefill_kernel(
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     KV_FP8: tl.constexpr,
+    FP8_AS: tl.constexpr,  # the dtype an FP8 cache's tiles are converted to: float16, or a float32 query's
+    CLAMP_Q: tl.constexpr,  # FP8_AS is float16 and the query is not
 ):
     tile_m = num_m_tiles - 1 - tl.program_id(0)  # the longest (most keys) tiles start first
     head = tl.program_id(1)
@@ -141,6 +145,10 @@ def _prefill_kernel(
     q = tl.load(
         q_ptr + tokens[:, None] * stride_q_t + head * stride_q_h + dims[None, :], mask=row_mask[:, None], other=0.0
     )
+    if KV_FP8 and not UPCAST:
+        if CLAMP_Q:  # to float16's range
+            q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0)
+        q = q.to(FP8_AS)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -268,6 +276,8 @@ def prefill_attention(
         DOT_PRECISION=dot_precision(q.dtype),
         UPCAST=is_interpreted(),
         KV_FP8=kv_fp8,
+        FP8_AS=tl.float32 if q.dtype == torch.float32 else tl.float16,
+        CLAMP_Q=kv_fp8 and q.dtype == torch.bfloat16,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )

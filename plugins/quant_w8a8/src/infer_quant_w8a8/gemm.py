@@ -14,7 +14,8 @@ layer's scheme, the bias and the static input scale, and returns ``x @ W^T + bia
   more than 16 rows (fewer are padded to 17: only 9-16-row batches, the GEMV takes up to 8).
 
 The GPU paths quantize dynamic activations in one launch (``act_quant.py``, the reference's numbers); a static
-input scale (the checkpoint's) keeps the torch ops. Everything runs under CUDA graphs.
+input scale (the checkpoint's) keeps the torch ops. Everything runs under CUDA graphs. ``PRODUCTS`` holds each
+GEMM's part after the quantization, for activations quantized elsewhere (with their norm: ``norm_quant.py``).
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from infer_quant_w8a8.quantize import quantize_activations, reference_linear
+from infer_quant_w8a8.quantize import quantize_activations, reference_linear, scaled_product
 from infer_quant_w8a8.schemes import LinearScheme, QuantDtype
 
 GemmFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, LinearScheme, "torch.Tensor | None",
                    "torch.Tensor | None"], torch.Tensor]
+ProductFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, LinearScheme, "torch.Tensor | None",
+                      torch.dtype], torch.Tensor]
 
 INT_MM_MIN_ROWS = 17  # torch._int_mm on CUDA takes more than 16 rows
 
@@ -49,19 +52,27 @@ def _quantize_on_gpu(x: torch.Tensor, scheme: LinearScheme, input_scale: torch.T
 
 def fp8_scaled_mm(x, weight, scale, scheme, bias, input_scale):
     xq, x_scale = _quantize_on_gpu(x, scheme, input_scale)
+    return fp8_product(xq, x_scale, weight, scale, scheme, bias, x.dtype)
+
+
+def fp8_product(xq, x_scale, weight, scale, scheme, bias, out_dtype):
     # Row-wise scaling writes bfloat16. A bfloat16 bias goes into the GEMM's float32 epilogue
     # (``sums * x_scale * w_scale + bias``, rounded once, as the reference); any other is added after the
     # rounding of the product (two roundings: an error of half a bfloat16 ulp of the product, not of the sum).
     fused_bias = bias is not None and bias.dtype == torch.bfloat16
-    out = torch._scaled_mm(xq, weight.t(), scale_a=_rowwise(x_scale, x.shape[0]), scale_b=scale.view(1, -1),
+    out = torch._scaled_mm(xq, weight.t(), scale_a=_rowwise(x_scale, xq.shape[0]), scale_b=scale.view(1, -1),
                            bias=bias if fused_bias else None, out_dtype=torch.bfloat16)
     if bias is not None and not fused_bias:
         out = out.float() + bias.float()
-    return out if out.dtype == x.dtype else out.to(x.dtype)
+    return out if out.dtype == out_dtype else out.to(out_dtype)
 
 
 def int8_int_mm(x, weight, scale, scheme, bias, input_scale):
     xq, x_scale = _quantize_on_gpu(x, scheme, input_scale)
+    return int8_product(xq, x_scale, weight, scale, scheme, bias, x.dtype)
+
+
+def int8_product(xq, x_scale, weight, scale, scheme, bias, out_dtype):
     rows = xq.shape[0]
     if rows < INT_MM_MIN_ROWS:
         xq = F.pad(xq, (0, 0, 0, INT_MM_MIN_ROWS - rows))
@@ -69,11 +80,24 @@ def int8_int_mm(x, weight, scale, scheme, bias, input_scale):
     out = sums.float() * x_scale * scale.view(1, -1)
     if bias is not None:
         out += bias.float()
-    return out.to(x.dtype)
+    return out.to(out_dtype)
 
 
 def reference(x, weight, scale, scheme, bias, input_scale):
     return reference_linear(x, weight, scale, scheme, bias, input_scale)
+
+
+def reference_product(xq, x_scale, weight, scale, scheme, bias, out_dtype):
+    out = scaled_product(xq, x_scale, weight, scale, scheme.weight.group_k)
+    if bias is not None:
+        out += bias.float()
+    return out.to(out_dtype)
+
+
+# Each GEMM's product of activations already quantized (by the scheme's dynamic format), the rest of its work:
+# ``(xq, x_scale, weight, scale, scheme, bias, out_dtype)`` -> the GEMM's output on the same q and scales.
+PRODUCTS: dict[GemmFn, ProductFn] = {fp8_scaled_mm: fp8_product, int8_int_mm: int8_product,
+                                     reference: reference_product}
 
 
 def choose_gemm(scheme: LinearScheme, n: int, k: int, device: torch.device) -> GemmFn:

@@ -13,7 +13,8 @@ Online, each checkpoint tensor is quantized as it arrives (``load_weight``), so 
 layer never exists beside the quantized one: the host and the device hold one tensor of the checkpoint at a
 time. Chosen when the weights are created, from the device they are created on: the GEMV for decode-sized
 batches (``gemv.py``, where the layer runs Triton: ``fused.runs_triton``) and the GEMM for the rest
-(``gemm.choose_gemm``).
+(``gemm.choose_gemm``). A layer built with its input norm computes that norm in the GEMV's launch, or in the
+activation quantization's before the GEMM (``apply_with_norm``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from infer_core.layers import fused
 from infer_core.layers.fused.gemv_fusion import MAX_FUSED_K
 from torch import nn
 
-from infer_quant_w8a8.gemm import choose_gemm, reference
+from infer_quant_w8a8.gemm import PRODUCTS, choose_gemm, reference
 from infer_quant_w8a8.quantize import TORCH_DTYPES, expand_block_scales, quantize_weight
 from infer_quant_w8a8.schemes import LinearScheme, QuantDtype
 
@@ -45,6 +46,7 @@ class W8A8LinearMethod(LinearMethod):
         self.gemv = False
         self.gemm = reference
         self.params_dtype: torch.dtype | None = None  # the model dtype: x's, the bias's and the norms'
+        self.norm_in_gemv = self.norm_in_gemm = False  # where apply_with_norm computes the input norm
 
     def create_weights(self, layer, input_size, output_sizes, params_dtype):
         n, k = sum(output_sizes), input_size
@@ -145,6 +147,14 @@ class W8A8LinearMethod(LinearMethod):
         return w8_gemv(x, layer.weight, getattr(layer, self.scale_name), bias, self.scheme.weight.group_k, silu=True)
 
     def fuses_input_norm(self, layer, norm) -> bool:
+        """Where either of this method's launches can take the norm (decided here, once, for ``apply_with_norm``):
+        the GEMV at decode sizes (``_gemv_takes_norm``) or the activation quantization before the GEMM
+        (``_gemm_takes_norm``)."""
+        self.norm_in_gemv = self._gemv_takes_norm(layer, norm)
+        self.norm_in_gemm = self._gemm_takes_norm(layer, norm)
+        return self.norm_in_gemv or self.norm_in_gemm
+
+    def _gemv_takes_norm(self, layer, norm) -> bool:
         """Where the GEMV runs, on rows the norm kernel takes in one pass, in this layer's dtype; with gate_up's
         SiLU-and-mul only where that runs our kernel (as ``apply_with_act``: the fused launch gives its values).
         Per-channel weights only: grouped ones (a checkpoint's 128-column blocks) take K steps no wider than a
@@ -158,20 +168,42 @@ class W8A8LinearMethod(LinearMethod):
         return (self.gemv and self.scheme.weight.group_k is None and norm.weight.dtype == self.params_dtype
                 and 0 < layer.input_size <= MAX_FUSED_K and (act is None or getattr(act, "triton", False)))
 
-    def apply_with_norm(self, layer, normed, bias, keep_normed=False):
-        """At decode sizes, the input norm (+ residual add) in the GEMV's launch (``gemv.w8_rms_norm_gemv``): its
-        sum into ``residual_out`` and its output (kept with ``keep_normed``) the norm kernel's bits."""
-        x = normed.x
-        if x.dim() != 2 or not self.uses_gemv(layer, x):
-            return None
-        from infer_quant_w8a8.gemv import w8_rms_norm_gemv
+    def _gemm_takes_norm(self, layer, norm) -> bool:
+        """Activations quantized dynamically per token, rows the norm kernel takes in one pass, in this layer's
+        dtype: ``norm_quant.rms_norm_quantize`` hands the GEMM's product its q and scales."""
+        act = self.scheme.activation
+        return (not act.static and act.group_k is None and norm.weight.dtype == self.params_dtype
+                and 0 < layer.input_size <= MAX_FUSED_K)
 
+    def apply_with_norm(self, layer, normed, bias, keep_normed=False):
+        """At decode sizes, the input norm (+ residual add) in the GEMV's launch (``gemv.w8_rms_norm_gemv``); at
+        the GEMM's, in the activation quantization's (``norm_quant.rms_norm_quantize``), then the GEMM's product
+        and the layer's activation. The residual sum into ``residual_out`` and the norm's output (kept with
+        ``keep_normed``) the norm kernel's bits either way."""
+        x = normed.x
+        if x.dim() != 2 or x.shape[0] == 0:
+            return None
         norm = normed.norm
+        gemv = self.uses_gemv(layer, x)
+        if not (self.norm_in_gemv if gemv else self.norm_in_gemm):
+            return None
         rows = torch.empty(x.shape, dtype=x.dtype, device=x.device) if keep_normed else None
-        out = w8_rms_norm_gemv(x, norm.weight, norm.eps, layer.weight, getattr(layer, self.scale_name), bias,
-                               self.scheme.weight.group_k, normed.residual, silu=layer.act is not None,
-                               residual_out=normed.residual_out, normed_out=rows)
-        out = out if normed.residual is None else out[0]
+        scale = getattr(layer, self.scale_name)
+        if gemv:
+            from infer_quant_w8a8.gemv import w8_rms_norm_gemv
+
+            out = w8_rms_norm_gemv(x, norm.weight, norm.eps, layer.weight, scale, bias, self.scheme.weight.group_k,
+                                   normed.residual, silu=layer.act is not None, residual_out=normed.residual_out,
+                                   normed_out=rows)
+            out = out if normed.residual is None else out[0]
+        else:
+            from infer_quant_w8a8.norm_quant import rms_norm_quantize
+
+            xq, x_scale = rms_norm_quantize(x, norm.weight, norm.eps, self.scheme.activation, normed.residual,
+                                            normed.residual_out, rows)
+            out = PRODUCTS[self.gemm](xq, x_scale, layer.weight, scale, self.scheme, bias, x.dtype)
+            if layer.act is not None:
+                out = layer.act(out)
         return out if rows is None else (out, rows)
 
     def apply(self, layer, x, bias):
