@@ -4,10 +4,13 @@ Capture and replay are checked on a GPU (test_piecewise_graphs_gpu.py)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import torch
 
 from infer_core.interfaces import NewRequestData, SchedulerOutput
+from infer_core.runner.graph_plan import piecewise_graph_sizes
 from infer_core.runner.inputs import StepBuffers, build_step_inputs
 from infer_core.runner.piecewise_graphs import PiecewiseGraphs, attention_sites, piecewise_sizes
 from infer_core.runner.state import RequestTable
@@ -21,6 +24,23 @@ def test_sizes_double_to_256_then_step_by_256_to_2048_then_by_512_to_the_largest
     sizes = piecewise_sizes(8192)
     gaps = np.diff(sizes)
     assert (gaps <= 512).all() and sizes == sorted(set(sizes))
+
+
+def test_several_ranks_capture_pieces_only_where_their_strategy_supports_them():
+    """Collectives sit between two attentions, inside the pieces: a strategy says whether its layers capture there."""
+    settings = SimpleNamespace(piecewise_cuda_graphs=True, max_num_batched_tokens=512, max_num_seqs=8)
+
+    def runner(world_size: int, supports: bool, graphs: bool = True):
+        return SimpleNamespace(config=SimpleNamespace(settings=settings, max_model_len=1024),
+                               uses_cuda_graphs=lambda: graphs, parallel=SimpleNamespace(world_size=world_size),
+                               strategy=SimpleNamespace(supports_piecewise_cuda_graphs=supports))
+
+    assert piecewise_graph_sizes(runner(1, False)) == piecewise_sizes(512)  # one rank always may
+    assert piecewise_graph_sizes(runner(2, False)) == []
+    assert piecewise_graph_sizes(runner(2, True)) == piecewise_sizes(512)
+    assert piecewise_graph_sizes(runner(2, True, graphs=False)) == []
+    settings.piecewise_cuda_graphs = False
+    assert piecewise_graph_sizes(runner(2, True)) == []
 
 
 def test_a_step_pads_to_the_smallest_captured_size_that_holds_it():

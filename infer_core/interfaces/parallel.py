@@ -191,9 +191,13 @@ class ParallelStrategy(RuntimeComponent, ABC):
 
     ``supports_cuda_graphs``: the forward its layers run can be captured into a CUDA graph and replayed (no host
     sync, the same shapes every replay); False makes every step eager on every rank.
+    ``supports_piecewise_cuda_graphs``: with several ranks, the steps no whole-step graph holds (prefills, mixed
+    steps) may replay piecewise graphs too, the collectives between two attentions captured inside the pieces
+    (every rank gets the same step, so every rank replays the same sizes in the same order). One rank always may.
     """
 
     supports_cuda_graphs: bool = True
+    supports_piecewise_cuda_graphs: bool = False
 
     @property
     @abstractmethod

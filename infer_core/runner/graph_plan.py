@@ -1,8 +1,9 @@
 """Which CUDA graphs a rank captures, and capturing them: decode, prefill, verify and argmax graphs
 (cuda_graphs.py), then the piecewise graphs for every other step (piecewise_graphs.py).
 
-Whole-step graphs need the attention backend's and the parallel strategy's support; prefill and piecewise
-graphs are for one rank only (collectives inside such graphs are not measured yet).
+Whole-step graphs need the attention backend's and the parallel strategy's support; one-request prefill graphs
+are for one rank only, piecewise graphs for one rank or a strategy that says its collectives capture between two
+attentions (``ParallelStrategy.supports_piecewise_cuda_graphs``).
 """
 
 from __future__ import annotations
@@ -53,9 +54,11 @@ def prefill_graph_sizes(runner: ModelRunner) -> list[int]:
 def piecewise_graph_sizes(runner: ModelRunner) -> list[int]:
     """Token counts of the piecewise graphs (``piecewise_cuda_graphs``): up to the largest step the scheduler
     can make (``max_num_batched_tokens``, and no more than ``max_num_seqs`` requests at ``max_model_len``), on one
-    rank."""
+    rank or where the parallel strategy supports them."""
     settings = runner.config.settings
-    if not settings.piecewise_cuda_graphs or not runner.uses_cuda_graphs() or runner.parallel.world_size > 1:
+    if not settings.piecewise_cuda_graphs or not runner.uses_cuda_graphs():
+        return []
+    if runner.parallel.world_size > 1 and not runner.strategy.supports_piecewise_cuda_graphs:
         return []
     largest = max(settings.max_num_batched_tokens, settings.max_num_seqs)
     return piecewise_sizes(min(largest, settings.max_num_seqs * runner.config.max_model_len))

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from infer_core.layers.attention import Attention
+from infer_core.layers.graph_capture import piecewise_capture
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ class PiecewiseGraphs:
         stream.wait_stream(torch.cuda.current_stream())
         backends = [site.backend for site in sites]
         try:
-            with torch.cuda.stream(stream):
+            with torch.cuda.stream(stream), piecewise_capture():
                 for size in sorted(self.sizes, reverse=True):
                     metadata = metadata_for(size)
                     model(input_ids[:size], positions[:size], kv_caches, metadata)  # warm-up: compiles, workspaces

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from infer_core.layers.fused.moe_align import moe_align
-from infer_core.layers.fused.moe_gemm import choose_tiles, fused_experts
+from infer_core.layers.fused.moe_gemm import choose_tiles, combine_entries, fused_experts
 from infer_core.layers.fused.moe_route import moe_route
 from infer_core.layers.moe import UnquantizedMoEMethod, experts_torch, route
 from infer_core.layers.moe.align import align_by_expert, max_slots
@@ -90,8 +90,22 @@ def test_entries_of_other_ranks_count_as_zero(device):
     weights, ids = _routing(5, 6, 2, False, device, 9)  # ids 4 and 5: experts of another rank
     local = torch.where(ids < 4, ids, 4)
     tiles = choose_tiles(ids.numel(), 4)
-    out = fused_experts(x, gate_up, down, weights, align_by_expert(local, 4, tiles.block_m), tiles, drops_entries=True)
+    out = fused_experts(x, gate_up, down, weights, align_by_expert(local, 4, tiles.block_m), tiles, local_ids=local)
     torch.testing.assert_close(out, experts_torch(x, gate_up, down, weights, local), rtol=1e-5, atol=1e-5)
+
+
+def test_the_combine_sums_each_tokens_entries_in_k_order_and_never_reads_another_ranks(device):
+    """float32: the sequential sum's bits; an entry of another rank's expert (id >= 4) holds NaN and is not read."""
+    g = torch.Generator().manual_seed(5)
+    per_entry = torch.randn(9 * 3, 2100, generator=g)  # a column tail past the 1,024-wide blocks
+    ids = torch.randint(0, 6, (9, 3), generator=g, dtype=torch.int32)
+    expected = torch.zeros(9, 2100)
+    for k in range(3):
+        expected = expected + torch.where(ids[:, k, None] < 4, per_entry.view(9, 3, -1)[:, k], 0.0)
+    per_entry.view(9, 3, -1)[ids >= 4] = float("nan")
+    out = combine_entries(per_entry.to(device), 3, ids.to(device), 4)
+    assert torch.equal(out.cpu(), expected)
+    assert torch.equal(combine_entries(per_entry[:0].to(device), 3), torch.empty(0, 2100))
 
 
 def test_mismatched_blocks_are_refused(device):

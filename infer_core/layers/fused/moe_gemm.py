@@ -12,7 +12,9 @@ graph replays it for any routing.
 Numerics: products accumulate in float32 (``input_precision="ieee"`` for float32 weights, so no TF32);
 ``silu(gate) * up`` is taken from the float32 sums and rounded once to the model dtype (the down GEMM's
 input), the down sums are multiplied by the float32 routing weight and rounded once per entry, and the
-top-k entries of a token are summed in float32 (torch's ``sum``) and rounded once.
+top-k entries of a token are summed in float32, in k order, and rounded once (the combine launch). Over
+expert-parallel ranks the entries of another rank's experts are neither computed nor read: the combine
+skips them by their id, so no per-entry row is zero-filled.
 """
 
 from __future__ import annotations
@@ -116,6 +118,45 @@ def _moe_gemm_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
 
 
+@triton.jit
+def _combine_kernel(per_entry_ptr, ids_ptr, out_ptr, n, num_local, stride_e, stride_o,
+                    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, DROPS: tl.constexpr, USE_PDL: tl.constexpr):
+    """``out[t] = sum_k per_entry[t * TOP_K + k]`` over ``BLOCK_N`` columns, in float32, rounded once; with DROPS,
+    an entry whose expert id is ``num_local`` or more (another rank's) is not read."""
+    pdl_enter(USE_PDL)
+    token = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = offs < n
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k in tl.static_range(TOP_K):
+        entry = token * TOP_K + k
+        end = n
+        if DROPS:  # another rank's entry: no column is read
+            end = tl.where(tl.load(ids_ptr + entry) < num_local, n, 0)
+        row = per_entry_ptr + entry.to(tl.int64) * stride_e
+        acc += tl.load(row + offs, mask=offs < end, other=0.0).to(tl.float32)
+    tl.store(out_ptr + token.to(tl.int64) * stride_o + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def combine_entries(per_entry: torch.Tensor, top_k: int, local_ids: torch.Tensor | None = None,
+                    num_local: int = 0) -> torch.Tensor:
+    """Each token's ``top_k`` rows of ``per_entry`` [tokens x top_k, n] summed (float32, rounded once) into
+    [tokens, n]; with ``local_ids`` [tokens, top_k], the rows whose id is ``num_local`` or more are left out."""
+    num_tokens, n = per_entry.shape[0] // top_k, per_entry.shape[1]
+    out = torch.empty((num_tokens, n), dtype=per_entry.dtype, device=per_entry.device)
+    if num_tokens == 0:
+        return out
+    block_n = min(1024, triton.next_power_of_2(n))
+    drops = local_ids is not None
+    ids = local_ids.reshape(-1) if drops else per_entry  # unread without DROPS
+    pdl = use_pdl(per_entry)
+    _combine_kernel[(num_tokens, triton.cdiv(n, block_n))](
+        per_entry, ids, out, n, num_local, per_entry.stride(0), out.stride(0),
+        TOP_K=top_k, BLOCK_N=block_n, DROPS=drops, USE_PDL=pdl, launch_pdl=pdl, num_warps=4,
+    )
+    return out
+
+
 def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, topk_weights: torch.Tensor,
                   blocks: ExpertBlocks, tiles: MoETiles, *, a_row_div: int, gated: bool, weighted: bool) -> None:
     n = w.shape[1] // 2 if gated else w.shape[1]
@@ -135,13 +176,13 @@ def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, topk_weig
 
 
 def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
-                  blocks: ExpertBlocks, tiles: MoETiles, *, drops_entries: bool = False) -> torch.Tensor:
+                  blocks: ExpertBlocks, tiles: MoETiles, *, local_ids: torch.Tensor | None = None) -> torch.Tensor:
     """``sum_k topk_weights[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t]))`` with ``e = topk_ids[t, k]``.
 
     ``x`` [T, H]; ``gate_up`` [E, 2I, H] (gate rows, then up rows); ``down`` [E, H, I]; ``topk_weights``
     [T, top_k] float32; ``blocks`` the entries sorted by expert in blocks of ``tiles.block_m`` (an
-    ``ExpertBlocks``). ``drops_entries``: some entries are left out of ``blocks`` (experts of other ranks),
-    and count as zero.
+    ``ExpertBlocks``). ``local_ids`` [T, top_k]: given where some entries are other ranks' experts (id ``E``,
+    left out of ``blocks``), which count as zero.
     """
     num_tokens, top_k = topk_weights.shape
     num_entries = num_tokens * top_k
@@ -152,11 +193,9 @@ def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, to
         raise ValueError(f"x {tuple(x.shape)}, gate_up {tuple(gate_up.shape)} and down {tuple(down.shape)} do not fit: "
                          "gate_up must be [E, 2I, H] and down [E, H, I] for x [T, H]")
     inter = torch.empty((num_entries, gate_up.shape[1] // 2), dtype=x.dtype, device=x.device)
-    alloc = torch.zeros if drops_entries else torch.empty
-    per_entry = alloc((num_entries, down.shape[1]), dtype=x.dtype, device=x.device)
-    if num_entries == 0:
-        return per_entry.view(num_tokens, top_k, -1).sum(dim=1)
-    weights = topk_weights.reshape(-1)
-    _grouped_gemm(x, gate_up, inter, weights, blocks, tiles, a_row_div=top_k, gated=True, weighted=False)
-    _grouped_gemm(inter, down, per_entry, weights, blocks, tiles, a_row_div=1, gated=False, weighted=True)
-    return per_entry.view(num_tokens, top_k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    per_entry = torch.empty((num_entries, down.shape[1]), dtype=x.dtype, device=x.device)
+    if num_entries:
+        weights = topk_weights.reshape(-1)
+        _grouped_gemm(x, gate_up, inter, weights, blocks, tiles, a_row_div=top_k, gated=True, weighted=False)
+        _grouped_gemm(inter, down, per_entry, weights, blocks, tiles, a_row_div=1, gated=False, weighted=True)
+    return combine_entries(per_entry, top_k, local_ids, gate_up.shape[0])

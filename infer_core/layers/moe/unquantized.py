@@ -73,5 +73,6 @@ class UnquantizedMoEMethod(MoEMethod):
             blocks = moe_align.moe_align(topk_ids, num_experts, tiles.block_m)
         else:
             blocks = align_by_expert(topk_ids, num_experts, tiles.block_m)
+        drops = layer.num_local_experts < layer.num_experts
         return fused_experts(x, layer.gate_up_proj, layer.down_proj, topk_weights, blocks, tiles,
-                             drops_entries=layer.num_local_experts < layer.num_experts)
+                             local_ids=topk_ids if drops else None)

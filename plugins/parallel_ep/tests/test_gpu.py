@@ -2,9 +2,10 @@
 
 Run on a machine with two GPUs: ``python -m pytest -m gpu plugins/parallel_ep/tests``. Skipped elsewhere.
 With the all-to-all dispatch the eager steps (prefills of up to 64 tokens) run on token slices: attention's output
-reduce-scattered over NCCL, the grouped-GEMM kernels on what each GPU received, the slices all-gathered; its decode
-steps, like the all-reduce dispatch's, replay CUDA graphs captured on the all-reduce path (the NCCL all-reduces of
-attention's output and of the experts' partial sums).
+reduce-scattered over NCCL, the grouped-GEMM kernels on what each GPU received, the slices all-gathered; with the
+all-reduce dispatch those steps replay piecewise CUDA graphs (the NCCL all-reduces captured in the pieces). Decode
+steps, under both, replay CUDA graphs captured on the all-reduce path (the NCCL all-reduces of attention's output and
+of the experts' partial sums).
 """
 
 from __future__ import annotations
@@ -50,4 +51,27 @@ def test_two_gpus_match_one_in_float32(tiny_checkpoint, assert_no_workers_left, 
     assert tokens == ref_tokens
     for got, expected in zip(logits, ref_logits):
         torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-3)
+    assert_no_workers_left()
+
+
+def test_piecewise_steps_count_the_load_the_all_to_all_dispatch_counts(tiny_checkpoint, assert_no_workers_left):
+    """Under all_reduce the prefill and mixed steps replay piecewise graphs, padded to a captured size, and rank 0
+    counts their routing inside the pieces; all_to_all runs the same steps eagerly and counts its exchanged rows:
+    the same tokens, layer calls and entries, so no padding row is counted."""
+    folder = tiny_checkpoint("qwen3_moe")
+    prompts = _prompts(384)
+    loads = {}
+    for dispatch in ("all_to_all", "all_reduce"):
+        llm = LLM(str(folder), device="cuda", dtype="float32", max_model_len=1024, max_num_batched_tokens=64,
+                  gpu_memory_utilization=0.5, expert_parallel_size=2, expert_parallel_dispatch=dispatch)
+        try:
+            assert (llm.engine.executor.worker.runner.piecewise is not None) is (dispatch == "all_reduce")
+            llm.generate(prompts, GREEDY, use_tqdm=False)
+            loads[dispatch] = llm.engine.executor.parallel.communicator.load.describe()
+        finally:
+            llm.shutdown()
+    eager, pieces = loads["all_to_all"], loads["all_reduce"]
+    assert pieces["num_tokens"] == eager["num_tokens"] > 0
+    assert pieces["num_dispatches"] == eager["num_dispatches"]
+    assert sum(pieces["entries_per_expert"]) == sum(eager["entries_per_expert"])
     assert_no_workers_left()

@@ -66,21 +66,40 @@ def test_routing_counted_on_the_device_reads_as_the_exchanged_counts():
     """``add_routing`` (the all-reduce dispatch's rank 0) counts what ``add`` counts from the exchanged rows."""
     load = ExpertLoad(num_experts=4, world_size=2)
     # tokens' experts: {0, 2}, {1, 3}, {3, 2}, {0, 1}: rank 0 holds experts 0-1, rank 1 experts 2-3
-    load.add_routing(torch.tensor([[0, 2], [1, 3], [3, 2], [0, 1]]), num_tokens=4)
+    load.add_routing(torch.tensor([[0, 2], [1, 3], [3, 2], [0, 1]]))
     got = load.describe()
     assert got["entries_per_expert"] == [2, 2, 2, 2]
     assert got["entries_per_rank"] == [4, 4]
     assert got["tokens_per_rank"] == [3, 3]  # the third token meets no expert of rank 0, the fourth none of rank 1
     assert got["num_tokens"] == 4 and got["num_dispatches"] == 1 and got["imbalance"] == 1.0
-    load.add_routing(torch.tensor([[2, 3]]), num_tokens=1)  # one more layer: both entries on rank 1
+    load.add_routing(torch.tensor([[2, 3]]))  # one more layer: both entries on rank 1
     series = {m.name: m for m in load.metrics()}  # the engine loop's read, which waits for nothing (here: the CPU)
     assert dict(series["moe_rank_entries"].values) == {"0": 4.0, "1": 6.0}
     got = load.describe()
     assert got["entries_per_rank"] == [4, 6] and got["tokens_per_rank"] == [3, 4]
     assert got["imbalance"] == pytest.approx((4 + 2) / (4 + 1))
+    counters = [t.data_ptr() for t in load._device.counters]
     load.reset()  # what the executor does once start-up's dummy steps are done
     got = load.describe()
     assert got["num_dispatches"] == 0 and got["entries_per_expert"] == [0] * 4 and got["imbalance"] == 1.0
+    assert [t.data_ptr() for t in load._device.counters] == counters  # zeroed in place: captured graphs add to them
+
+
+def test_a_padded_step_counts_only_its_own_rows():
+    """A step replaying a piecewise graph is padded to the captured size: only the first ``step_rows`` rows count."""
+    load = ExpertLoad(num_experts=4, world_size=2)
+    load.set_step_rows(3)  # before the counters exist: nothing to tell (they are made by the first count)
+    load.add_routing(torch.tensor([[0, 1]]))
+    load.reset()
+    load.set_step_rows(2)
+    padded = torch.tensor([[0, 2], [1, 3], [3, 2], [3, 3]])  # two real rows, then padding rows' routing
+    load.add_routing(padded, padded=True)
+    got = load.describe()
+    assert got["entries_per_expert"] == [1, 1, 1, 1] and got["entries_per_rank"] == [2, 2]
+    assert got["tokens_per_rank"] == [2, 2] and got["num_tokens"] == 2 and got["num_dispatches"] == 1
+    load.add_routing(padded)  # an eager step: every row is its own
+    got = load.describe()
+    assert got["entries_per_expert"] == [2, 2, 3, 5] and got["num_tokens"] == 6 and got["num_dispatches"] == 2
 
 
 @pytest.mark.parametrize("dispatch", ["all_to_all", "all_reduce"])
@@ -95,3 +114,5 @@ def test_both_dispatches_let_decode_steps_replay_cuda_graphs(tiny_checkpoint, di
                              expert_parallel_dispatch=dispatch)
     ctx = make_runtime_context(settings, read_model_config(resolve_model_source(settings.model)))
     assert ExpertParallelStrategy(ctx).supports_cuda_graphs is True
+    # prefill and mixed steps: piecewise graphs under all_reduce; all_to_all's run eagerly, on slices
+    assert ExpertParallelStrategy(ctx).supports_piecewise_cuda_graphs is (dispatch == "all_reduce")

@@ -1,20 +1,23 @@
 """The experts' load under the all-reduce dispatch: every rank routes every token, so rank 0 alone sees the whole
-routing of each MoE layer, and counts it (``load.py``) in every eager step; a step being captured into a CUDA graph
-(decode) is not counted, as under the all-to-all dispatch, whose counts come from its host-read split sizes."""
+routing of each MoE layer, and counts it (``load.py``) in every step that is not a whole-step graph's replay: eager
+steps, and those replaying the piecewise graphs (the counting is captured into the pieces, and counts the step's
+own rows, not its padding). A whole-step graph (decode) counts nothing, as under the all-to-all dispatch, whose
+counts come from its eager steps' host-read split sizes: a second routing launch and its counting in every decode
+step would cost each of them."""
 
 from __future__ import annotations
 
 import torch
+from infer_core.layers.graph_capture import capturing, capturing_pieces
 from infer_core.layers.moe import FusedMoE
 from torch import nn
 
 from infer_parallel_ep.communicator import ExpertParallelCommunicator
-from infer_parallel_ep.slices import capturing_a_graph
 
 
 class CountedExperts(nn.Module):
-    """A ``FusedMoE`` run as built (its partial sums all-reduced), its routing counted on rank 0 in eager steps: a
-    second routing launch of global ids and a few counting launches on the device, none of them a host sync."""
+    """A ``FusedMoE`` run as built (its partial sums all-reduced), its routing counted on rank 0 outside whole-step
+    graphs: a second routing launch of global ids and a few counting launches on the device, none a host sync."""
 
     def __init__(self, layer: FusedMoE, communicator: ExpertParallelCommunicator) -> None:
         super().__init__()
@@ -22,13 +25,14 @@ class CountedExperts(nn.Module):
         self.communicator = communicator
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        if not capturing_a_graph():
+        pieces = capturing_pieces()
+        if pieces or not capturing():
             _, ids = self.layer.select_experts(router_logits)
-            self.communicator.load.add_routing(ids, ids.shape[0])
+            self.communicator.load.add_routing(ids, padded=pieces)
         return self.layer(x, router_logits)
 
     def extra_repr(self) -> str:
-        return "routing counted on rank 0 in eager steps"
+        return "routing counted on rank 0 outside whole-step graphs"
 
 
 def count_routing(model: nn.Module, communicator: ExpertParallelCommunicator) -> int:

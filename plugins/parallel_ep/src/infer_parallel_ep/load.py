@@ -2,8 +2,8 @@
 
 Every MoE layer's all-to-all dispatch exchanges, on every rank, each rank's counts per expert (``dispatch.py``), so
 every rank, rank 0 included, sees the whole step's routing, read on the host: :meth:`ExpertLoad.add` folds one
-layer's counts in. With the all-reduce dispatch every rank routes every token, and rank 0 counts each eager step's
-routing on the device (:meth:`ExpertLoad.add_routing`, ``counted.py``), with no host sync in the step; the
+layer's counts in. With the all-reduce dispatch every rank routes every token, and rank 0 counts the routing of each
+step that is not a whole-step graph's replay (eager, or replaying the piecewise graphs) on the device (:meth:`ExpertLoad.add_routing`, ``counted.py``), with no host sync in the step; the
 device's counts are folded in when the counters are read. Counters only grow; the engine's metrics read them
 (``describe``).
 """
@@ -34,7 +34,9 @@ class ExpertLoad:
         self.reset()
 
     def reset(self) -> None:
-        """Every counter back to zero (start-up's dummy steps are not the load: the executor resets after them)."""
+        """Every counter back to zero (start-up's dummy steps are not the load: the executor resets after them); the
+        device's counters are zeroed in place, since the graphs captured by then add to them."""
+        device = getattr(self, "_device", None)
         self.entries_per_expert = torch.zeros(self.num_experts, dtype=torch.int64)
         self.entries_per_rank = torch.zeros(self.world_size, dtype=torch.int64)
         self.tokens_per_rank = torch.zeros(self.world_size, dtype=torch.int64)
@@ -42,7 +44,9 @@ class ExpertLoad:
         self.num_tokens = 0  # tokens routed, over every dispatch
         self.max_rank_entries = 0
         self.mean_rank_entries = 0.0
-        self._device: DeviceLoad | None = None
+        self._device: DeviceLoad | None = device
+        if device is not None:
+            device.zero()
 
     def add(self, counts: torch.Tensor, num_tokens: int) -> None:
         """One layer's exchanged counts (host, int64 [ranks, ranks + experts]): row ``r`` holds the token rows
@@ -59,20 +63,27 @@ class ExpertLoad:
         self.max_rank_entries += int(per_rank.max())
         self.mean_rank_entries += float(per_rank.sum()) / world
 
-    def add_routing(self, topk_ids: torch.Tensor, num_tokens: int) -> None:
-        """One layer's routing [tokens, top_k] (global expert ids, on the device), counted there: no host sync."""
+    def add_routing(self, topk_ids: torch.Tensor, padded: bool = False) -> None:
+        """One layer's routing [rows, top_k] (global expert ids, on the device), counted there: no host sync;
+        ``padded``: a piecewise graph's rows, of which the step's own are the first (``set_step_rows``)."""
         if self._device is None:
             self._device = DeviceLoad(self.num_experts, self.world_size, topk_ids.device)
-        self._device.add(topk_ids)
-        self.num_dispatches += 1
-        self.num_tokens += num_tokens
+        self._device.add(topk_ids, padded)
+
+    def set_step_rows(self, rows: int) -> None:
+        """The real rows of the step about to run (rank 0's executor, before each step; nothing before the
+        routing was first counted: the counters are made then, before any graph is captured)."""
+        if self._device is not None:
+            self._device.set_step_rows(rows)
 
     def _fold(self, wait: bool) -> None:
         """The device's counts into the host counters: with ``wait`` all of them (a sync), else those already
         copied to the host (none of the step in flight is waited for; the rest come at the next read)."""
         if self._device is None:
             return
-        for entries, tokens, busiest in self._device.take(wait):
+        for entries, tokens, busiest, dispatches, routed in self._device.take(wait):
+            self.num_dispatches += dispatches
+            self.num_tokens += routed
             per_rank = entries.view(self.world_size, -1).sum(1)
             self.entries_per_expert += entries
             self.entries_per_rank += per_rank
@@ -100,9 +111,9 @@ class ExpertLoad:
     def metrics(self) -> list[ParallelMetric]:
         """The counters as ``/metrics`` series: entries per expert, entries and token rows per rank, imbalance;
         none before the first dispatch."""
+        self._fold(wait=False)  # read by the engine's loop between steps: it must not wait for the one in flight
         if not self.num_dispatches:
             return []
-        self._fold(wait=False)  # read by the engine's loop between steps: it must not wait for the one in flight
         experts = tuple((str(e), float(n)) for e, n in enumerate(self.entries_per_expert.tolist()))
         ranks = tuple((str(r), float(n)) for r, n in enumerate(self.entries_per_rank.tolist()))
         rows = tuple((str(r), float(n)) for r, n in enumerate(self.tokens_per_rank.tolist()))

@@ -64,7 +64,8 @@ class ExpertParallelStrategy(ParallelStrategy):
     """N ranks, one per device: rank 0 in the engine's process, the others spawned.
 
     With ``expert_parallel_dispatch="all_reduce"`` (the default) every step runs the core's layers as built
-    (attention's output and each rank's experts' partial sums on every token all-reduced). With ``"all_to_all"``
+    (attention's output and each rank's experts' partial sums on every token all-reduced), prefill and mixed steps
+    replaying piecewise CUDA graphs. With ``"all_to_all"``
     each rank holds its slice of the tokens between attentions in every eager step, and the dispatch reads each
     layer's split sizes on the host; a step captured into a CUDA graph runs the layers as built instead. Either way
     decode steps replay CUDA graphs of the all-reduce path.
@@ -75,6 +76,12 @@ class ExpertParallelStrategy(ParallelStrategy):
         return EPSettings.of(self.ctx.settings).expert_parallel_dispatch
 
     supports_cuda_graphs = True  # a captured step runs the layers as built (slices.py, counted.py)
+
+    @property
+    def supports_piecewise_cuda_graphs(self) -> bool:
+        """The all-reduce dispatch's prefill and mixed steps replay piecewise graphs (their all-reduces captured in
+        the pieces, their load counted there: ``counted.py``); the all-to-all dispatch's run eagerly, on slices."""
+        return self.dispatch == "all_reduce"
 
     @classmethod
     def validate(cls, ctx: RuntimeContext) -> list[str]:
