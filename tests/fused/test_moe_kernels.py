@@ -106,6 +106,10 @@ def test_the_combine_sums_each_tokens_entries_in_k_order_and_never_reads_another
     out = combine_entries(per_entry.to(device), 3, ids.to(device), 4)
     assert torch.equal(out.cpu(), expected)
     assert torch.equal(combine_entries(per_entry[:0].to(device), 3), torch.empty(0, 2100))
+    with pytest.raises(ValueError, match="num_local=0"):  # ids without the rank's expert count would drop them all
+        combine_entries(per_entry.to(device), 3, ids.to(device))
+    with pytest.raises(ValueError, match="not \\[tokens x 4"):
+        combine_entries(per_entry.to(device), 4)
 
 
 def test_mismatched_blocks_are_refused(device):

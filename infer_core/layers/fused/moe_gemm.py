@@ -142,7 +142,14 @@ def combine_entries(per_entry: torch.Tensor, top_k: int, local_ids: torch.Tensor
                     num_local: int = 0) -> torch.Tensor:
     """Each token's ``top_k`` rows of ``per_entry`` [tokens x top_k, n] summed (float32, rounded once) into
     [tokens, n]; with ``local_ids`` [tokens, top_k], the rows whose id is ``num_local`` or more are left out."""
-    num_tokens, n = per_entry.shape[0] // top_k, per_entry.shape[1]
+    rows, n = per_entry.shape
+    if rows % top_k or per_entry.stride(1) != 1:
+        raise ValueError(f"per_entry {tuple(per_entry.shape)} (strides {per_entry.stride()}) is not [tokens x "
+                         f"{top_k}, n] with contiguous rows")
+    if local_ids is not None and (local_ids.numel() != rows or num_local < 1):
+        raise ValueError(f"local_ids has {local_ids.numel()} ids for {rows} entries and num_local={num_local}: "
+                         "give one id an entry and the rank's expert count")
+    num_tokens = rows // top_k
     out = torch.empty((num_tokens, n), dtype=per_entry.dtype, device=per_entry.device)
     if num_tokens == 0:
         return out

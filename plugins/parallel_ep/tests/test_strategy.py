@@ -85,6 +85,15 @@ def test_routing_counted_on_the_device_reads_as_the_exchanged_counts():
     assert [t.data_ptr() for t in load._device.counters] == counters  # zeroed in place: captured graphs add to them
 
 
+def test_the_first_count_inside_a_capture_is_refused(monkeypatch):
+    """The counters' zero fills would be captured and replayed: an eager forward must make them first."""
+    import infer_parallel_ep.load as load_module
+
+    monkeypatch.setattr(load_module, "capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="eager forward first"):
+        ExpertLoad(num_experts=4, world_size=2).add_routing(torch.tensor([[0, 1]]))
+
+
 def test_a_padded_step_counts_only_its_own_rows():
     """A step replaying a piecewise graph is padded to the captured size: only the first ``step_rows`` rows count."""
     load = ExpertLoad(num_experts=4, world_size=2)

@@ -87,7 +87,8 @@ class DeviceLoad:
             self.step_rows.fill_(rows)
 
     def zero(self) -> None:
-        """Every counter to zero, in place (captured graphs hold these tensors); what was taken is dropped."""
+        """Every counter to zero, in place (captured graphs hold these tensors); what was taken is dropped. Called
+        between steps (``ExpertLoad.reset``, after start-up), on the steps' stream."""
         with torch.inference_mode():
             for t in self.counters:
                 t.zero_()

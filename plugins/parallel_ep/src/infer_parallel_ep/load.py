@@ -3,9 +3,10 @@
 Every MoE layer's all-to-all dispatch exchanges, on every rank, each rank's counts per expert (``dispatch.py``), so
 every rank, rank 0 included, sees the whole step's routing, read on the host: :meth:`ExpertLoad.add` folds one
 layer's counts in. With the all-reduce dispatch every rank routes every token, and rank 0 counts the routing of each
-step that is not a whole-step graph's replay (eager, or replaying the piecewise graphs) on the device (:meth:`ExpertLoad.add_routing`, ``counted.py``), with no host sync in the step; the
-device's counts are folded in when the counters are read. Counters only grow; the engine's metrics read them
-(``describe``).
+step that is not a whole-step graph's replay (eager, or replaying the piecewise graphs) on the device
+(:meth:`ExpertLoad.add_routing`, ``counted.py``), with no host sync in the step; the device's counts are moved into
+the host totals when the counters are read. The host totals only grow (``reset`` aside); the engine's metrics read
+them (``describe``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import torch
 from infer_core.interfaces import ParallelMetric
+from infer_core.layers.graph_capture import capturing
 
 from infer_parallel_ep.device_load import DeviceLoad
 
@@ -67,6 +69,9 @@ class ExpertLoad:
         """One layer's routing [rows, top_k] (global expert ids, on the device), counted there: no host sync;
         ``padded``: a piecewise graph's rows, of which the step's own are the first (``set_step_rows``)."""
         if self._device is None:
+            if capturing():  # the counters' zero fills would be captured too, and replayed
+                raise RuntimeError("the expert load's first count came inside a CUDA graph capture: the counters "
+                                   "must be made by an eager forward first (the KV-sizing profile step)")
             self._device = DeviceLoad(self.num_experts, self.world_size, topk_ids.device)
         self._device.add(topk_ids, padded)
 

@@ -30,8 +30,9 @@ class EPSettings(PluginSettings):
         "all_reduce",
         title="how tokens meet their experts: all_reduce, all_to_all",
         description="all_reduce = attention's output is all-reduced, every rank routes every token and runs its "
-                    "experts on those routed there, and the partial sums are all-reduced, in every step; steps no "
-                    "whole-step graph holds replay piecewise CUDA graphs, and rank 0 counts their load. all_to_all = attention's output is reduce-scattered, so each "
+                    "experts on those routed there, and the partial sums are all-reduced, in every step; prefill and "
+                    "mixed steps replay piecewise CUDA graphs where captured, and rank 0 counts the load of every "
+                    "step but the whole-step graphs' (decode). all_to_all = attention's output is reduce-scattered, so each "
                     "rank holds its slice of the step's tokens until the next attention all-gathers them; each rank "
                     "routes its slice and sends each token to the ranks holding its experts (counts exchanged "
                     "first, packed rows), and the results come back the same way; the split sizes are read on the "

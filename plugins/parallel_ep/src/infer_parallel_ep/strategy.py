@@ -65,9 +65,8 @@ class ExpertParallelStrategy(ParallelStrategy):
 
     With ``expert_parallel_dispatch="all_reduce"`` (the default) every step runs the core's layers as built
     (attention's output and each rank's experts' partial sums on every token all-reduced), prefill and mixed steps
-    replaying piecewise CUDA graphs. With ``"all_to_all"``
-    each rank holds its slice of the tokens between attentions in every eager step, and the dispatch reads each
-    layer's split sizes on the host; a step captured into a CUDA graph runs the layers as built instead. Either way
+    replaying piecewise CUDA graphs where the runner captured them. With ``"all_to_all"`` each rank holds its slice
+    of the tokens between attentions in every eager step, and the dispatch reads each layer's split sizes on the host; a step captured into a CUDA graph runs the layers as built instead. Either way
     decode steps replay CUDA graphs of the all-reduce path.
     """
 
