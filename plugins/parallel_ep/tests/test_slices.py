@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from infer_core.interfaces import ParallelContext, SingleRankCommunicator
 from infer_core.layers.activation import SiluAndMul
+from infer_core.layers.graph_capture import capturing
 from infer_core.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from infer_core.layers.moe import FusedMoE, UnquantizedMoEMethod
 from infer_core.layers.norm import ResidualRMSNorm, RMSNorm
@@ -22,7 +23,6 @@ from infer_parallel_ep.slices import (
     SlicedFinalNorm,
     SlicedInputNorm,
     TokenSlices,
-    capturing_a_graph,
 )
 
 HIDDEN, INTER, EXPERTS, TOKENS = 16, 24, 4, 5
@@ -37,7 +37,7 @@ def _filled(module: nn.Module, seed: int) -> nn.Module:
 
 
 def test_a_step_not_on_slices_runs_every_wrapped_layer_as_built():
-    assert not capturing_a_graph()  # on this host every step runs on slices
+    assert not capturing()  # on this host every step runs on slices
     # as rank 0 of 2 would hold them; the layers' own collectives are the single rank's identities
     parallel = ParallelContext(0, 2, SingleRankCommunicator(), expert_parallel=True)
     linear = {"parallel": parallel, "dtype": torch.float32, "method": UnquantizedLinearMethod()}

@@ -34,6 +34,7 @@ beside the final ``norm``.
 from __future__ import annotations
 
 import torch
+from infer_core.layers.graph_capture import capturing
 from infer_core.layers.linear import RowParallelLinear
 from infer_core.layers.moe import FusedMoE
 from infer_core.layers.norm import NormedInput, RMSNorm
@@ -48,11 +49,6 @@ def token_share(num_tokens: int, rank: int, world_size: int) -> tuple[int, int, 
     rows = -(-num_tokens // world_size)
     start = min(rank * rows, num_tokens)
     return start, min(start + rows, num_tokens), rows
-
-
-def capturing_a_graph() -> bool:
-    """Whether the current CUDA stream is capturing a graph (never on a host without CUDA)."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 class TokenSlices:
@@ -110,7 +106,7 @@ class SlicedInputNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is None:
-            self.slices.begin(x.shape[0], sliced=not capturing_a_graph())
+            self.slices.begin(x.shape[0], sliced=not capturing())
         if not self.slices.sliced:
             return self.norm(x, residual)
         if residual is None:
