@@ -73,7 +73,9 @@ def test_align_leaves_out_the_experts_of_other_ranks(device):
 @pytest.mark.parametrize("num_tokens,num_experts,top_k,hidden,inter", [
     (1, 4, 2, 48, 40),  # one token: blocks of one entry
     (7, 8, 2, 64, 32),
+    (40, 2, 1, 48, 40),  # 20 entries an expert: 32-row blocks
     (70, 4, 3, 80, 24),  # many entries an expert: the larger tiles, a K tail on both GEMMs
+    (140, 2, 2, 48, 40),  # 140 entries an expert: the widest tiles
 ])
 def test_fused_experts_match_the_torch_path(dtype, num_tokens, num_experts, top_k, hidden, inter, device):
     gate_up, down = _experts(num_experts, hidden, inter, dtype, device, num_tokens)
@@ -110,6 +112,15 @@ def test_the_combine_sums_each_tokens_entries_in_k_order_and_never_reads_another
         combine_entries(per_entry.to(device), 3, ids.to(device))
     with pytest.raises(ValueError, match="not \\[tokens x 4"):
         combine_entries(per_entry.to(device), 4)
+
+
+def test_the_tiles_cover_every_tier_and_follow_the_entries_an_expert_gets():
+    """The cases above reach every tile set; an expert-parallel rank passes the model's expert count, so at 256
+    tokens of top-8 over 128 experts (16 entries an expert, on one GPU and on a rank of 64) both take the same
+    tiles, not the taller ones 2,048 entries over 64 experts would pick."""
+    reached = {choose_tiles(t * k, e) for t, e, k in ((1, 4, 2), (7, 8, 2), (40, 2, 1), (70, 4, 3), (140, 2, 2))}
+    assert [t.block_m for t in sorted(reached, key=lambda t: (t.block_m, t.block_n))] == [16, 32, 64, 64]
+    assert choose_tiles(2048, 128).block_m == 32 and choose_tiles(2048, 64).block_m == 64
 
 
 def test_mismatched_blocks_are_refused(device):

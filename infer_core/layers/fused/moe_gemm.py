@@ -46,12 +46,18 @@ class MoETiles:
 
 
 def choose_tiles(num_entries: int, num_experts: int) -> MoETiles:
-    """Small tiles where experts get few entries each (decode: the weights' bytes bound it, and more programs
-    stream them), larger ones where they get many (prefill: the tensor cores bound it)."""
-    if num_entries <= 2 * num_experts:
+    """The tiles for a step of ``num_entries`` (token, k) entries routed over the model's ``num_experts`` (all of
+    them, also on an expert-parallel rank, which gets its share of both): chosen by the entries an expert gets.
+    Few (decode): 16-row blocks and 128-deep K steps, as many programs as stream the weights' bytes; more: taller
+    blocks; many (prefill: the tensor cores bound it): the widest tiles. The thresholds come from a sweep of tile
+    sets at Qwen3-30B-A3B's shapes, for all 128 experts and for a rank's 64."""
+    per_expert = num_entries / num_experts
+    if per_expert <= 10:
         return MoETiles(16, 64, 128, 1, 4, 3)
-    if num_entries <= 16 * num_experts:
-        return MoETiles(32, 64, 64, 4, 4, 3)
+    if per_expert <= 24:
+        return MoETiles(32, 64, 128, 4, 4, 3)
+    if per_expert <= 128:
+        return MoETiles(64, 64, 64, 8, 4, 3)
     return MoETiles(64, 128, 64, 8, 8, 3)
 
 

@@ -68,7 +68,7 @@ class UnquantizedMoEMethod(MoEMethod):
         if use_moe_gemv(topk_ids.shape[0], topk_ids.shape[1], layer.num_experts):  # decode: a read of the experts
             return moe_gemv_experts(x, layer.gate_up_proj, layer.down_proj, topk_weights, topk_ids)
         num_experts = layer.gate_up_proj.shape[0]
-        tiles = choose_tiles(topk_ids.numel(), num_experts)
+        tiles = choose_tiles(topk_ids.numel(), layer.num_experts)  # the model's experts: entries an expert gets
         if topk_ids.numel() <= moe_align.MAX_ENTRIES:  # one launch; prefill-sized steps take the torch ops
             blocks = moe_align.moe_align(topk_ids, num_experts, tiles.block_m)
         else:
