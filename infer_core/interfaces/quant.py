@@ -108,7 +108,8 @@ class MoEMethod(ABC):
 
     def load_weight(self, layer: torch.nn.Module, param: torch.nn.Parameter, loaded: torch.Tensor, expert: int,
                     row_offset: int) -> None:
-        """Copy one expert's (rank-sliced) checkpoint tensor into ``param[expert]`` from row ``row_offset``."""
+        """Copy one expert's (rank-sliced) checkpoint tensor, in the checkpoint's dtype, into ``param[expert]`` from
+        row ``row_offset`` (cast to the parameter's dtype); a quantizing method overrides this."""
         dst = param.data[expert].narrow(0, row_offset, loaded.shape[0])
         if dst.shape != loaded.shape:
             raise ValueError(f"expert weight shape {tuple(loaded.shape)} does not fit parameter slice {tuple(dst.shape)}")

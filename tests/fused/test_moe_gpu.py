@@ -15,7 +15,7 @@ pytestmark = pytest.mark.gpu
 EXPERTS, TOP_K, HIDDEN, INTER = 128, 8, 2048, 768
 
 
-@pytest.mark.parametrize("num_tokens", [1, 4, 16, 64, 300, 4096])
+@pytest.mark.parametrize("num_tokens", [1, 4, 16, 64, 300, 1024, 4096])  # 1,024: the 64 x 64 tiles
 def test_fused_experts_at_qwen3_30b_a3b_shapes(num_tokens):
     from infer_core.layers.fused.moe_align import MAX_ENTRIES, moe_align
     from infer_core.layers.fused.moe_gemm import choose_tiles, fused_experts

@@ -16,6 +16,15 @@ from infer_core.layers.moe.align import align_by_expert, max_slots
 from infer_core.layers.moe.routing import local_ids
 
 
+SHAPES = [  # (tokens, experts, top-k, hidden, intermediate), reaching every tile set of choose_tiles
+    (1, 4, 2, 48, 40),  # one token: blocks of one entry
+    (7, 8, 2, 64, 32),
+    (40, 2, 1, 48, 40),  # 20 entries an expert: 32-row blocks
+    (70, 4, 3, 80, 24),  # 52 entries an expert: 64 x 64 tiles, a K tail on both GEMMs
+    (140, 2, 2, 48, 40),  # 140 entries an expert: the widest tiles
+]
+
+
 def _experts(num_experts: int, hidden: int, inter: int, dtype: torch.dtype, device: str, seed: int):
     generator = torch.Generator().manual_seed(seed)
     gate_up = torch.randn(num_experts, 2 * inter, hidden, generator=generator) * hidden**-0.5
@@ -70,13 +79,7 @@ def test_align_leaves_out_the_experts_of_other_ranks(device):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("num_tokens,num_experts,top_k,hidden,inter", [
-    (1, 4, 2, 48, 40),  # one token: blocks of one entry
-    (7, 8, 2, 64, 32),
-    (40, 2, 1, 48, 40),  # 20 entries an expert: 32-row blocks
-    (70, 4, 3, 80, 24),  # many entries an expert: the larger tiles, a K tail on both GEMMs
-    (140, 2, 2, 48, 40),  # 140 entries an expert: the widest tiles
-])
+@pytest.mark.parametrize("num_tokens,num_experts,top_k,hidden,inter", SHAPES)
 def test_fused_experts_match_the_torch_path(dtype, num_tokens, num_experts, top_k, hidden, inter, device):
     gate_up, down = _experts(num_experts, hidden, inter, dtype, device, num_tokens)
     x = torch.randn(num_tokens, hidden, generator=torch.Generator().manual_seed(3)).to(device, dtype)
@@ -91,7 +94,7 @@ def test_entries_of_other_ranks_count_as_zero(device):
     x = torch.randn(5, 32, generator=torch.Generator().manual_seed(4)).to(device)
     weights, ids = _routing(5, 6, 2, False, device, 9)  # ids 4 and 5: experts of another rank
     local = torch.where(ids < 4, ids, 4)
-    tiles = choose_tiles(ids.numel(), 4)
+    tiles = choose_tiles(ids.numel(), 6)  # the model's experts
     out = fused_experts(x, gate_up, down, weights, align_by_expert(local, 4, tiles.block_m), tiles, local_ids=local)
     torch.testing.assert_close(out, experts_torch(x, gate_up, down, weights, local), rtol=1e-5, atol=1e-5)
 
@@ -118,9 +121,15 @@ def test_the_tiles_cover_every_tier_and_follow_the_entries_an_expert_gets():
     """The cases above reach every tile set; an expert-parallel rank passes the model's expert count, so at 256
     tokens of top-8 over 128 experts (16 entries an expert, on one GPU and on a rank of 64) both take the same
     tiles, not the taller ones 2,048 entries over 64 experts would pick."""
-    reached = {choose_tiles(t * k, e) for t, e, k in ((1, 4, 2), (7, 8, 2), (40, 2, 1), (70, 4, 3), (140, 2, 2))}
+    from types import SimpleNamespace
+
+    from infer_core.layers.moe.unquantized import tiles_for
+
+    reached = {choose_tiles(t * k, e) for t, e, k, _, _ in SHAPES}
     assert [t.block_m for t in sorted(reached, key=lambda t: (t.block_m, t.block_n))] == [16, 32, 64, 64]
     assert choose_tiles(2048, 128).block_m == 32 and choose_tiles(2048, 64).block_m == 64
+    rank = SimpleNamespace(num_experts=128, num_local_experts=64)  # what a layer of an EP=2 rank says
+    assert tiles_for(rank, 2048) == choose_tiles(2048, 128)
 
 
 def test_mismatched_blocks_are_refused(device):

@@ -9,7 +9,11 @@ entries' places (entry ``t * top_k + k``). Every shape is fixed by the token cou
 blocks the entries can fill; programs past ``num_padded``, read on the device, return at once), so a CUDA
 graph replays it for any routing.
 
-Numerics: products accumulate in float32 (``input_precision="ieee"`` for float32 weights, so no TF32);
+8-bit weights (int8 or float8 e4m3, a quantizer's ``MoEMethod``) come with one float32 scale per weight row:
+each tile is converted to the activations' dtype (exactly: int8's and e4m3's values all are bfloat16 / float16
+values) and the float32 sums are multiplied by their columns' scales after the K loop, before anything else.
+
+Numerics: products accumulate in float32 (``input_precision="ieee"`` for float32 inputs, so no TF32);
 ``silu(gate) * up`` is taken from the float32 sums and rounded once to the model dtype (the down GEMM's
 input), the down sums are multiplied by the float32 routing weight and rounded once per entry, and the
 top-k entries of a token are summed in float32, in k order, and rounded once (the combine launch). Over
@@ -46,11 +50,13 @@ class MoETiles:
 
 
 def choose_tiles(num_entries: int, num_experts: int) -> MoETiles:
-    """The tiles for a step of ``num_entries`` (token, k) entries routed over the model's ``num_experts`` (all of
-    them, also on an expert-parallel rank, which gets its share of both): chosen by the entries an expert gets.
-    Few (decode): 16-row blocks and 128-deep K steps, as many programs as stream the weights' bytes; more: taller
-    blocks; many (prefill: the tensor cores bound it): the widest tiles. The thresholds come from a sweep of tile
-    sets at Qwen3-30B-A3B's shapes, for all 128 experts and for a rank's 64."""
+    """The tiles for ``num_entries`` (token, k) entries routed over the model's ``num_experts`` (all of them, on an
+    expert-parallel rank too), chosen by the entries an expert gets: up to 10, 16-row blocks with 128-deep K steps
+    (decode: the weights' bytes bound it, and many programs stream them); up to 24, 32-row blocks; up to 128,
+    64 x 64 tiles; more (prefill: the tensor cores bound it), 64 x 128 tiles on 8 warps. Where a rank is handed
+    every entry of the step (the all-reduce dispatch) its experts get what one GPU's do, so it takes one GPU's
+    tiles; handed only the rows sent to it (all-to-all), it counts fewer. The thresholds come from a sweep at
+    Qwen3-30B-A3B's shapes (all 128 experts, and a rank's 64)."""
     per_expert = num_entries / num_experts
     if per_expert <= 10:
         return MoETiles(16, 64, 128, 1, 4, 3)
@@ -70,11 +76,26 @@ def _dot(a, w, acc, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _weight_tile(ptrs, mask, a, W_SCALED: tl.constexpr, UPCAST: tl.constexpr):
+    """A weight tile, zero where masked; 8-bit weights converted to ``a``'s dtype (float32 in the interpreter),
+    their masked lanes zeroed after the conversion (an 8-bit float has no literal zero to load as ``other``)."""
+    if not W_SCALED:
+        return tl.load(ptrs, mask=mask, other=0.0)
+    w = tl.load(ptrs, mask=mask)
+    if UPCAST:
+        w = w.to(tl.float32)
+    else:
+        w = w.to(a.dtype)
+    return tl.where(mask, w, 0.0)
+
+
+@triton.jit
 def _moe_gemm_kernel(
-    a_ptr, w_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
+    a_ptr, w_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, w_scale_ptr,
     n, k, num_entries, num_slots,
-    stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn, up_rows,
-    A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, WEIGHTED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn, up_rows, stride_se,
+    A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, WEIGHTED: tl.constexpr, W_SCALED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
 ):
@@ -82,6 +103,7 @@ def _moe_gemm_kernel(
 
     GATED: ``W[expert]`` holds the gate rows, then ``up_rows`` rows on the up rows; the tile is
     ``silu(gate) * up`` of its ``BLOCK_N`` columns. WEIGHTED: rows are multiplied by ``topk_weights[e]``.
+    W_SCALED: W is 8-bit, ``w_scale[expert, row]`` its rows' scales.
     """
     pdl_enter(USE_PDL)  # before any load or store: see fused/pdl.py
     pid = tl.program_id(0)
@@ -109,13 +131,18 @@ def _moe_gemm_kernel(
     for step in range(0, tl.cdiv(k, BLOCK_K)):
         mask_k = offs_k < k - step * BLOCK_K
         a = tl.load(a_ptrs, mask=valid[:, None] & mask_k[None, :], other=0.0)
-        w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-        acc = _dot(a, w, acc, DOT_PRECISION, UPCAST)
+        mask_w = mask_k[:, None] & mask_n[None, :]
+        acc = _dot(a, _weight_tile(w_ptrs, mask_w, a, W_SCALED, UPCAST), acc, DOT_PRECISION, UPCAST)
         if GATED:
-            w_up = tl.load(w_ptrs + up_rows * stride_wn, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+            w_up = _weight_tile(w_ptrs + up_rows * stride_wn, mask_w, a, W_SCALED, UPCAST)
             acc_up = _dot(a, w_up, acc_up, DOT_PRECISION, UPCAST)
         a_ptrs += BLOCK_K * stride_ak
         w_ptrs += BLOCK_K * stride_wk
+    if W_SCALED:
+        scales = w_scale_ptr + expert * stride_se + offs_n
+        acc = acc * tl.load(scales, mask=mask_n, other=0.0)[None, :]
+        if GATED:
+            acc_up = acc_up * tl.load(scales + up_rows, mask=mask_n, other=0.0)[None, :]
     if GATED:
         acc = acc / (1.0 + tl.exp(-acc)) * acc_up
     if WEIGHTED:
@@ -170,32 +197,37 @@ def combine_entries(per_entry: torch.Tensor, top_k: int, local_ids: torch.Tensor
     return out
 
 
-def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, topk_weights: torch.Tensor,
-                  blocks: ExpertBlocks, tiles: MoETiles, *, a_row_div: int, gated: bool, weighted: bool) -> None:
+def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None, out: torch.Tensor,
+                  topk_weights: torch.Tensor, blocks: ExpertBlocks, tiles: MoETiles, *, a_row_div: int, gated: bool,
+                  weighted: bool) -> None:
     n = w.shape[1] // 2 if gated else w.shape[1]
     k = w.shape[2]
     num_slots = blocks.sorted_ids.numel()
     grid = (num_slots // tiles.block_m * triton.cdiv(n, tiles.block_n),)
     pdl = use_pdl(a)
+    scaled = w_scale is not None
     _moe_gemm_kernel[grid](
-        a, w, out, topk_weights, blocks.sorted_ids, blocks.expert_ids, blocks.num_padded,
+        a, w, out, topk_weights, blocks.sorted_ids, blocks.expert_ids, blocks.num_padded, w_scale if scaled else w,
         n, k, out.shape[0], num_slots,
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1), n,
-        A_ROW_DIV=a_row_div, GATED=gated, WEIGHTED=weighted,
-        DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32",
+        w_scale.stride(0) if scaled else 0,
+        A_ROW_DIV=a_row_div, GATED=gated, WEIGHTED=weighted, W_SCALED=scaled,
+        DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
         UPCAST=interpreting(), USE_PDL=pdl, launch_pdl=pdl, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
 
 
 def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
-                  blocks: ExpertBlocks, tiles: MoETiles, *, local_ids: torch.Tensor | None = None) -> torch.Tensor:
+                  blocks: ExpertBlocks, tiles: MoETiles, *, local_ids: torch.Tensor | None = None,
+                  gate_up_scale: torch.Tensor | None = None, down_scale: torch.Tensor | None = None) -> torch.Tensor:
     """``sum_k topk_weights[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t]))`` with ``e = topk_ids[t, k]``.
 
     ``x`` [T, H]; ``gate_up`` [E, 2I, H] (gate rows, then up rows); ``down`` [E, H, I]; ``topk_weights``
     [T, top_k] float32; ``blocks`` the entries sorted by expert in blocks of ``tiles.block_m`` (an
     ``ExpertBlocks``). ``local_ids`` [T, top_k]: given where some entries are other ranks' experts (id ``E``,
-    left out of ``blocks``), which count as zero.
+    left out of ``blocks``), which count as zero. ``gate_up_scale`` [E, 2I] and ``down_scale`` [E, H], float32:
+    given with 8-bit weights (int8 or float8 e4m3), each weight row's scale (``W ~= q * scale``).
     """
     num_tokens, top_k = topk_weights.shape
     num_entries = num_tokens * top_k
@@ -205,10 +237,22 @@ def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, to
     if x.shape[1] != gate_up.shape[2] or down.shape[2] * 2 != gate_up.shape[1]:
         raise ValueError(f"x {tuple(x.shape)}, gate_up {tuple(gate_up.shape)} and down {tuple(down.shape)} do not fit: "
                          "gate_up must be [E, 2I, H] and down [E, H, I] for x [T, H]")
+    scaled = (gate_up_scale is not None, down_scale is not None)
+    if scaled[0] != scaled[1] or (gate_up.element_size() == 1) != scaled[0]:
+        raise ValueError(f"8-bit expert weights need both scales, and only they: gate_up {gate_up.dtype}, down "
+                         f"{down.dtype}, scales given {scaled}")
+    if scaled[0] and (gate_up_scale.shape != gate_up.shape[:2] or down_scale.shape != down.shape[:2]
+                      or gate_up_scale.dtype != torch.float32 or down_scale.dtype != torch.float32
+                      or gate_up_scale.stride(1) != 1 or down_scale.stride(1) != 1):
+        raise ValueError(f"scales {tuple(gate_up_scale.shape)} {gate_up_scale.dtype}, {tuple(down_scale.shape)} "
+                         f"{down_scale.dtype} must be float32 [E, 2I] {tuple(gate_up.shape[:2])} and [E, H] "
+                         f"{tuple(down.shape[:2])}, one a weight row, contiguous rows")
     inter = torch.empty((num_entries, gate_up.shape[1] // 2), dtype=x.dtype, device=x.device)
     per_entry = torch.empty((num_entries, down.shape[1]), dtype=x.dtype, device=x.device)
     if num_entries:
         weights = topk_weights.reshape(-1)
-        _grouped_gemm(x, gate_up, inter, weights, blocks, tiles, a_row_div=top_k, gated=True, weighted=False)
-        _grouped_gemm(inter, down, per_entry, weights, blocks, tiles, a_row_div=1, gated=False, weighted=True)
+        _grouped_gemm(x, gate_up, gate_up_scale, inter, weights, blocks, tiles, a_row_div=top_k, gated=True,
+                      weighted=False)
+        _grouped_gemm(inter, down, down_scale, per_entry, weights, blocks, tiles, a_row_div=1, gated=False,
+                      weighted=True)
     return combine_entries(per_entry, top_k, local_ids, gate_up.shape[0])

@@ -124,7 +124,7 @@ class FusedMoE(nn.Module):
         else:  # [intermediate, hidden]: this rank's rows, at the gate's or the up's offset
             start, size = self._rank_rows(loaded.shape[0])
             part, row_offset = loaded.narrow(0, start, size), (size if projection == "up" else 0)
-        self.method.load_weight(self, param, part.to(param.dtype), local, row_offset)
+        self.method.load_weight(self, param, part, local, row_offset)  # in the checkpoint's dtype: the method casts
 
     def extra_repr(self) -> str:
         return (f"experts={self.num_local_experts}/{self.num_experts}, top_k={self.top_k}, hidden={self.hidden_size}, "

@@ -8,13 +8,17 @@ layers of the quantizer: they stay in the model dtype.
 
 from __future__ import annotations
 
+import logging
+
 from infer_core.interfaces import LinearMethod, MoEMethod, PluginError, Quantizer, RuntimeContext
-from infer_core.layers.moe import UnquantizedMoEMethod
 from infer_core.layers.unquantized import UnquantizedLinearMethod
 
 from infer_quant_w8a8.checkpoint import CheckpointScheme, read_checkpoint_scheme
 from infer_quant_w8a8.linear_method import W8A8LinearMethod
+from infer_quant_w8a8.moe_method import W8ExpertsMethod
 from infer_quant_w8a8.schemes import QuantDtype, online_scheme
+
+logger = logging.getLogger(__name__)
 
 FP8_CAPABILITY = (8, 9)  # Ada and Hopper: e4m3 conversions and FP8 tensor cores
 
@@ -52,6 +56,7 @@ class W8A8Quantizer(Quantizer):
     def __init__(self, ctx: RuntimeContext) -> None:
         super().__init__(ctx)
         self.checkpoint: CheckpointScheme | None = read_checkpoint_scheme(ctx.model.raw)
+        self._logged_experts = False
 
     def get_linear_method(self, prefix: str) -> LinearMethod:
         if self.checkpoint is None:
@@ -64,8 +69,15 @@ class W8A8Quantizer(Quantizer):
         return W8A8LinearMethod(scheme, self.checkpoint.scale_name, block_n)
 
     def get_moe_method(self, prefix: str) -> MoEMethod | None:
-        """Online: the experts stay in the model dtype (dense). A pre-quantized checkpoint's experts: none yet."""
-        return UnquantizedMoEMethod() if self.checkpoint is None else None
+        """Online: the experts' weights in the online dtype (``moe_method.py``). A pre-quantized checkpoint's
+        experts: none yet (the model is refused, naming the layer)."""
+        if self.checkpoint is not None:
+            return None
+        if not self._logged_experts:
+            logger.info("experts: %s weights quantized while loading (one scale a row), activations in the model "
+                        "dtype; the routers stay dense", self.online.value)
+            self._logged_experts = True
+        return W8ExpertsMethod(self.online)
 
 
 class Int8Quantizer(W8A8Quantizer):
