@@ -253,6 +253,23 @@ def compile_for_sm90(fn, args: dict, constexprs: dict, num_warps: int, num_stage
     return compiled.asm
 
 
+def cubin_resource_usage(cubin: bytes) -> dict[str, int]:
+    """A compiled kernel's registers, stack, local (spilled) and shared bytes, read by the cuobjdump in Triton's
+    wheel: ``{"REG": ..., "STACK": ..., "LOCAL": ..., "SHARED": ...}``."""
+    import subprocess
+    import tempfile
+
+    from triton import knobs
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run(
+            [knobs.nvidia.cuobjdump.path, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True
+        ).stdout
+    return {k: int(v) for k, v in re.findall(r"\b(REG|STACK|LOCAL|SHARED):(\d+)", text)}
+
+
 # a float instruction of the PTX (arithmetic, conversions, shuffles of the reductions), its registers renamed below
 FLOAT_OP = re.compile(r"^(?:@!?%p\d+\s+)?((?:fma|mul|add|sub|div|rsqrt|ex2|max|min|neg|abs)\.\S*f32"
                       r"|cvt\.\S*(?:f32|bf16|f16)\S*|shfl\.\S+|selp\.f32)\s+([^;]*);")

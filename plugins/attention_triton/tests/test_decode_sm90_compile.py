@@ -16,12 +16,11 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import re
 import subprocess
 import sys
-import tempfile
 
 import pytest
+from infer_core.testing import cubin_resource_usage
 
 # (query heads, KV heads, head_dim, split count, one-launch merge): the shapes of Qwen3-0.6B and
 # Qwen3-8B at the split counts of batch 1, the widest group the backend takes, and head_dim 256.
@@ -37,18 +36,6 @@ MAX_REGISTERS = 128  # 4 programs of 4 warps per SM: twice what a split launch a
 # An FP8 cache's 128-key tiles take about 200 (2 programs per SM) and were measured faster than 64-key ones at
 # about 145 (benchmarks/kv_fp8_decode_sweep.py): the bound there only keeps them off the 255 where spills begin.
 MAX_REGISTERS_FP8 = 224
-
-
-def resource_usage(cubin: bytes) -> dict[str, int]:
-    from triton import knobs
-
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        text = subprocess.run(
-            [knobs.nvidia.cuobjdump.path, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True
-        ).stdout
-    return {k: int(v) for k, v in re.findall(r"\b(REG|STACK|LOCAL|SHARED):(\d+)", text)}
 
 
 def compile_configs() -> list[dict]:
@@ -103,7 +90,7 @@ def compile_configs() -> list[dict]:
                     "config": [num_heads, num_kv_heads, head_dim, num_splits, merge_in_kernel],
                     "cache": cache_dtype,
                     "kernel": name,
-                    **resource_usage(kernel.asm["cubin"]),
+                    **cubin_resource_usage(kernel.asm["cubin"]),
                 }
             )
     return results
