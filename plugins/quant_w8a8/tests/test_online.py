@@ -122,3 +122,18 @@ def test_online_dummy_weights_quantize_what_they_draw(checkpoints, kind):
 def test_a_misspelled_scheme_is_an_error_with_a_suggestion(checkpoints):
     with pytest.raises(PluginError, match="INFER_QUANTIZATION='int4' is not installed.*Did you mean 'int8'"):
         LLM(str(checkpoints["llama"]), device="cpu", dtype="float32", quantization="int4")
+
+
+def test_a_pre_quantized_mixture_of_experts_checkpoint_is_refused_naming_the_online_way(checkpoints, tmp_path):
+    """Its experts' 8-bit tensors have nowhere to go yet: refused at start, before any weight loads."""
+    import json
+    import shutil
+
+    folder = tmp_path / "fp8-moe"
+    shutil.copytree(checkpoints["qwen3_moe"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128],
+                                     "activation_scheme": "dynamic"}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(PluginError, match="experts of a pre-quantized mixture-of-experts checkpoint .* INFER_QUANTIZ"):
+        LLM(str(folder), device="cpu", dtype="float32")

@@ -46,6 +46,10 @@ class W8A8Quantizer(Quantizer):
             reasons.append("pre-quantized checkpoints load on one rank for now (their per-tensor and block scales are "
                            f"not split over ranks); set INFER_TENSOR_PARALLEL_SIZE=1, or quantize online with "
                            f"INFER_QUANTIZATION=int8 or fp8 from the unquantized checkpoint")
+        if checkpoint is not None and ctx.model.moe is not None:
+            reasons.append(f"the experts of a pre-quantized mixture-of-experts checkpoint ({method!r}) do not load "
+                           "yet; load the unquantized checkpoint with INFER_QUANTIZATION=int8 or fp8 (its experts "
+                           "are quantized while loading)")
         uses_fp8 = cls.online is QuantDtype.FP8 or (checkpoint is not None and any(
             scheme.weight.dtype is QuantDtype.FP8 for _, scheme, _ in checkpoint.groups))
         if uses_fp8 and ctx.is_cuda and (ctx.cuda_capability or (0, 0)) < FP8_CAPABILITY:
