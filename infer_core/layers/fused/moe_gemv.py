@@ -19,6 +19,10 @@ asks L2 for its experts' first K step meanwhile, while gate_up still streams): a
 every program of the launch before it has passed its own wait, and gate_up's wait returned only once every launch
 before it, the ids' writer among them, had completed. The rows it sums are gate_up's, read after the wait.
 
+8-bit weights (int8 or float8 e4m3, with one float32 scale a weight row) are converted to float32 as they load
+and each row's sum is multiplied by the row's scale after the K loop; their tiles are the model dtype's (the
+same values a thread), half the bytes.
+
 An entry whose expert is another rank's (id ``num_local``) computes nothing and adds nothing. Tiles come from the
 dense GEMV's rule (``gemv_tiles.choose_config``) on each launch's whole output; the gate_up program loads a gate
 and an up tile each K step, so each has half the columns, and the down program splits its K step over the top-k
@@ -56,10 +60,22 @@ def _load_row(ptr, k, K, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, w_ptr, ids_ptr, out_ptr, num_local, I, K, stride_xm, stride_we, stride_wn, stride_om,
-                    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                    NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr):
-    """``out[e, j] = silu(x[e // TOP_K] . W[id(e), j]) * (x[e // TOP_K] . W[id(e), I + j])`` for this block's j."""
+def _w_tile(w_ptrs, mask, EVEN_K: tl.constexpr, SCALED: tl.constexpr):
+    """A weight tile in float32, zero where masked (an 8-bit float has no literal zero to load as ``other``:
+    its masked lanes are zeroed after the conversion)."""
+    if EVEN_K and not SCALED:
+        return tl.load(w_ptrs).to(tl.float32)
+    if not SCALED:
+        return tl.load(w_ptrs, mask=mask, other=0.0).to(tl.float32)
+    return tl.where(mask, tl.load(w_ptrs, mask=mask).to(tl.float32), 0.0)
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, w_ptr, ids_ptr, out_ptr, s_ptr, num_local, I, K, stride_xm, stride_we, stride_wn,
+                    stride_om, stride_se, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr, SCALED: tl.constexpr, USE_PDL: tl.constexpr):
+    """``out[e, j] = silu(x[e // TOP_K] . W[id(e), j]) * (x[e // TOP_K] . W[id(e), I + j])`` for this block's j;
+    SCALED: W is 8-bit, ``s[id(e), row]`` its rows' scales."""
     entry = tl.program_id(0)
     pdl_enter(USE_PDL)  # the ids are the router's output: wait for it before any load
     expert = tl.load(ids_ptr + entry).to(tl.int64)
@@ -76,19 +92,28 @@ def _gate_up_kernel(x_ptr, w_ptr, ids_ptr, out_ptr, num_local, I, K, stride_xm, 
     for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         k = k0 + offs_k
         xk = _load_row(x_row, k, K, EVEN_K)
-        gate += tl.sum(load_w_tile(gate_ptrs, k, K, EVEN_K) * xk[None, :], axis=1)
-        up += tl.sum(load_w_tile(up_ptrs, k, K, EVEN_K) * xk[None, :], axis=1)
+        if SCALED:
+            in_k = (k < K)[None, :]
+            gate += tl.sum(_w_tile(gate_ptrs, in_k, EVEN_K, SCALED) * xk[None, :], axis=1)
+            up += tl.sum(_w_tile(up_ptrs, in_k, EVEN_K, SCALED) * xk[None, :], axis=1)
+        else:
+            gate += tl.sum(load_w_tile(gate_ptrs, k, K, EVEN_K) * xk[None, :], axis=1)
+            up += tl.sum(load_w_tile(up_ptrs, k, K, EVEN_K) * xk[None, :], axis=1)
         gate_ptrs += BLOCK_K
         up_ptrs += BLOCK_K
+    if SCALED:
+        scales = s_ptr + expert * stride_se + rows
+        gate *= tl.load(scales)
+        up *= tl.load(scales + I)
     act = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(out_ptr + entry.to(tl.int64) * stride_om + cols, act.to(out_ptr.dtype.element_ty), mask=cols < I)
 
 
 @triton.jit
-def _down_kernel(a_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, num_local, H, K, stride_am, stride_we, stride_wn,
-                 stride_om, TOP_K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr, PREFETCH_LINES: tl.constexpr,
-                 USE_PDL: tl.constexpr):
+def _down_kernel(a_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, s_ptr, num_local, H, K, stride_am, stride_we,
+                 stride_wn, stride_om, stride_se, TOP_K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr, PREFETCH_LINES: tl.constexpr,
+                 SCALED: tl.constexpr, USE_PDL: tl.constexpr):
     """``out[t, j] = sum_k weight[t, k] * (a[t * TOP_K + k] . W[id(t, k), j])`` for this block's j: a K step loads
     the tiles of all the token's top-k experts at once (``[SLOTS, BLOCK_N, BLOCK_K]``, SLOTS the next power of two),
     and the weighted sum over k is taken from the float32 sums, rounded once; another rank's experts add nothing.
@@ -117,11 +142,13 @@ def _down_kernel(a_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, num_local, H, K, s
         else:
             in_k = k0 + offs_k < K
             w_mask, a_mask = valid[:, None, None] & in_k[None, None, :], valid[:, None] & in_k[None, :]
-        w = tl.load(w_ptrs, mask=w_mask, other=0.0).to(tl.float32)
+        w = _w_tile(w_ptrs, w_mask, False, SCALED)
         a = tl.load(a_ptrs, mask=a_mask, other=0.0).to(tl.float32)
         acc += tl.sum(w * a[:, None, :], axis=2)
         w_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
+    if SCALED:  # each slot's rows' scales (an invalid slot's expert 0: its weight is zero below)
+        acc *= tl.load(s_ptr + (experts * stride_se)[:, None] + rows[None, :])
     weights = tl.load(weights_ptr + entries, mask=valid, other=0.0)
     out = tl.sum(acc * weights[:, None], axis=0)
     tl.store(out_ptr + token * stride_om + cols, out.to(out_ptr.dtype.element_ty), mask=cols < H)
@@ -153,11 +180,13 @@ def down_prefetch_lines(cfg: GemvConfig, inter: int, element_size: int, pdl: boo
 
 
 def moe_gemv_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
-                     topk_ids: torch.Tensor) -> torch.Tensor:
+                     topk_ids: torch.Tensor, gate_up_scale: torch.Tensor | None = None,
+                     down_scale: torch.Tensor | None = None) -> torch.Tensor:
     """``sum_k topk_weights[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t]))`` with ``e = topk_ids[t, k]``.
 
     ``x`` [T, H]; ``gate_up`` [E, 2I, H] (gate rows, then up rows); ``down`` [E, H, I]; ``topk_weights``
     [T, top_k] float32; ``topk_ids`` [T, top_k], ids from ``E`` on naming experts of other ranks (zero here).
+    ``gate_up_scale`` [E, 2I] and ``down_scale`` [E, H] (float32, contiguous rows): given with 8-bit weights.
     """
     num_tokens, top_k = topk_ids.shape
     num_experts, two_inter, hidden = gate_up.shape
@@ -168,6 +197,14 @@ def moe_gemv_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
                          "[T, H]")
     if gate_up.stride(2) != 1 or down.stride(2) != 1:
         raise ValueError("the MoE GEMV reads weight rows as contiguous: pass contiguous expert weights")
+    scaled = gate_up_scale is not None
+    if scaled != (down_scale is not None) or scaled != (gate_up.element_size() == 1) or (scaled and (
+            gate_up_scale.shape != gate_up.shape[:2] or down_scale.shape != down.shape[:2]
+            or gate_up_scale.stride(1) != 1 or down_scale.stride(1) != 1)):
+        raise ValueError(f"8-bit expert weights need both scales, [E, 2I] and [E, H] with contiguous rows, and only "
+                         f"they: gate_up {gate_up.dtype}, down {down.dtype}, scales "
+                         f"{None if gate_up_scale is None else tuple(gate_up_scale.shape)}, "
+                         f"{None if down_scale is None else tuple(down_scale.shape)}")
     x = x if x.stride(1) == 1 else x.contiguous()
     num_entries = num_tokens * top_k
     ids = topk_ids.reshape(-1)
@@ -178,16 +215,20 @@ def moe_gemv_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     inter_rows = torch.empty((num_entries, inter), dtype=x.dtype, device=x.device)
     sms = num_sms(x.device)
     pdl = use_pdl(x)
-    cfg = gate_up_tiles(num_entries, inter, hidden, gate_up.element_size(), sms)
+    tile_bytes = x.element_size() if scaled else gate_up.element_size()  # 8-bit: the model dtype's tiles
+    cfg = gate_up_tiles(num_entries, inter, hidden, tile_bytes, sms)
     _gate_up_kernel[(num_entries, triton.cdiv(inter, cfg.block_n))](
-        x, gate_up, ids, inter_rows, num_experts, inter, hidden, x.stride(0), gate_up.stride(0), gate_up.stride(1),
-        inter_rows.stride(0), TOP_K=top_k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=hidden % cfg.block_k == 0,
-        NUM_STAGES=cfg.num_stages, USE_PDL=pdl, launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    cfg = down_tiles(num_tokens, top_k, hidden, inter, down.element_size(), sms)
+        x, gate_up, ids, inter_rows, gate_up_scale if scaled else gate_up, num_experts, inter, hidden, x.stride(0),
+        gate_up.stride(0), gate_up.stride(1), inter_rows.stride(0), gate_up_scale.stride(0) if scaled else 0,
+        TOP_K=top_k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=hidden % cfg.block_k == 0,
+        NUM_STAGES=cfg.num_stages, SCALED=scaled, USE_PDL=pdl, launch_pdl=pdl, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
+    cfg = down_tiles(num_tokens, top_k, hidden, inter, tile_bytes, sms)
     _down_kernel[(num_tokens, triton.cdiv(hidden, cfg.block_n))](
-        inter_rows, down, ids, weights, out, num_experts, hidden, inter, inter_rows.stride(0), down.stride(0),
-        down.stride(1), out.stride(0), TOP_K=top_k, SLOTS=triton.next_power_of_2(top_k), BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, EVEN_K=inter % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
-        PREFETCH_LINES=down_prefetch_lines(cfg, inter, down.element_size(), pdl), USE_PDL=pdl, launch_pdl=pdl,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        inter_rows, down, ids, weights, out, down_scale if scaled else down, num_experts, hidden, inter,
+        inter_rows.stride(0), down.stride(0), down.stride(1), out.stride(0), down_scale.stride(0) if scaled else 0,
+        TOP_K=top_k, SLOTS=triton.next_power_of_2(top_k), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        EVEN_K=inter % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
+        PREFETCH_LINES=down_prefetch_lines(cfg, inter, down.element_size(), pdl), SCALED=scaled, USE_PDL=pdl,
+        launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out

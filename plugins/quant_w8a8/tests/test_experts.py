@@ -1,11 +1,13 @@
-"""8-bit experts: the core's grouped GEMMs with int8 / e4m3 weights and per-row scales (Triton's interpreter on the
-CPU, the kernels on CUDA) against the torch path, which is the dense experts on the dequantized weights."""
+"""8-bit experts: the core's grouped GEMMs and decode GEMVs with int8 / e4m3 weights and per-row scales (Triton's
+interpreter on the CPU, the kernels on CUDA) against the torch path, which is the dense experts on the dequantized
+weights."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from infer_core.layers.fused.moe_gemm import choose_tiles, fused_experts
+from infer_core.layers.fused.moe_gemv import moe_gemv_experts
 from infer_core.layers.moe.align import align_by_expert
 from infer_core.layers.moe.routing import route
 from infer_core.layers.moe.unquantized import experts_torch
@@ -66,6 +68,22 @@ def test_8_bit_experts_of_another_rank_count_as_zero(device, qdtype):
                         align_by_expert(local.to(device), 4, tiles.block_m), tiles, local_ids=local.to(device),
                         gate_up_scale=gs.to(device), down_scale=ds.to(device)).cpu()
     torch.testing.assert_close(got, experts_torch(x, gd, dd, weights, local), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("qdtype", list(QuantDtype))
+@pytest.mark.parametrize("num_tokens,top_k,hidden,inter", [(1, 4, 64, 48), (2, 2, 48, 40)])
+def test_decode_gemvs_with_8_bit_weights_match_the_torch_path(device, qdtype, num_tokens, top_k, hidden, inter):
+    """At a token or two the GEMVs over the entries (an odd K tail on both launches in the second case); one
+    entry an expert of another rank (id 6 of 6 here)."""
+    gq, gs, dq, ds, gd, dd = quantized_experts(6, hidden, inter, qdtype, seed=11)
+    x = torch.randn(num_tokens, hidden, generator=torch.Generator().manual_seed(12))
+    weights, ids = routing(num_tokens, 7, top_k, seed=13)
+    local = torch.where(ids < 6, ids, 6)
+    got = moe_gemv_experts(x.to(device), gq.to(device), dq.to(device), weights.to(device), local.to(device),
+                           gate_up_scale=gs.to(device), down_scale=ds.to(device)).cpu()
+    torch.testing.assert_close(got, experts_torch(x, gd, dd, weights, local), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="need both scales"):
+        moe_gemv_experts(x.to(device), gq.to(device), dq.to(device), weights.to(device), local.to(device))
 
 
 def test_8_bit_weights_without_their_scales_or_with_wrong_ones_are_refused():

@@ -5,8 +5,9 @@ float32 scale a row, symmetric, as the linear layers' per-channel weights: ``qua
 expert is ever held in the model dtype beside its 8-bit copy. The activations stay in the model dtype (weight-only:
 the experts of a decode step are read, and reading half the bytes is the gain; the router, which chooses them,
 stays dense too): the core's grouped GEMMs convert each 8-bit tile to the activations' dtype, which holds int8's
-and e4m3's values exactly, and multiply the float32 sums by the rows' scales (``fused/moe_gemm.py``); the torch
-path (the CPU's, and the reference) computes the same sums (``experts_torch`` with scales).
+and e4m3's values exactly, and multiply the float32 sums by the rows' scales (``fused/moe_gemm.py``), and at a
+token or two its GEMVs over the entries do the same in float32 (``fused/moe_gemv.py``); the torch path (the CPU's,
+and the reference) computes the same sums (``experts_torch`` with scales).
 
 Under expert parallelism a rank quantizes its own whole experts, so its rows and scales are those one GPU holds;
 under tensor parallelism each rank quantizes its slice of every expert (gate_up's rows keep their scales, down's
@@ -61,4 +62,8 @@ class W8ExpertsMethod(MoEMethod):
         scales = dict(gate_up_scale=layer.gate_up_scale, down_scale=layer.down_scale)
         if not self.triton:
             return experts_torch(x, layer.gate_up_proj, layer.down_proj, topk_weights, topk_ids, **scales)
+        from infer_core.layers.fused.moe_gemv import moe_gemv_experts, use_moe_gemv
+
+        if use_moe_gemv(topk_ids.shape[0], topk_ids.shape[1], layer.num_experts):  # decode: a read of the experts
+            return moe_gemv_experts(x, layer.gate_up_proj, layer.down_proj, topk_weights, topk_ids, **scales)
         return grouped_experts(layer, x, topk_weights, topk_ids, **scales)
