@@ -46,24 +46,13 @@ def compile_all(fp8: bool) -> dict[str, str]:
     import torch
     from infer_attention_triton import decode, prefill
     from infer_attention_triton.tiles import decode_tiles, prefill_tiles
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime import driver
+    from infer_core.testing import target_sm90
 
     from infer_core.layers.fused import kv_write, qk_norm_rope
     from infer_core.layers.rotary import RotaryEmbedding
     from infer_core.models.config import RopeConfig
 
-    class Sm90Target:
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device):
-            return 0
-
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-    driver.set_active(Sm90Target())
+    target_sm90()
     for module in (decode, kv_write, qk_norm_rope):
         module.use_pdl = lambda x: True  # as on an H100
     compiled: list = []

@@ -253,6 +253,25 @@ def compile_for_sm90(fn, args: dict, constexprs: dict, num_warps: int, num_stage
     return compiled.asm
 
 
+def target_sm90() -> None:
+    """Make Triton's active driver one that only names an H100's target (sm_90, 32-lane warps): a launch with
+    ``warmup=True`` then compiles for it on a machine without a GPU (CPU tensors as arguments), and runs nothing."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    class Sm90Target:
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device):
+            return 0
+
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+    driver.set_active(Sm90Target())
+
+
 def cubin_resource_usage(cubin: bytes) -> dict[str, int]:
     """A compiled kernel's registers, stack, local (spilled) and shared bytes, read by the cuobjdump in Triton's
     wheel: ``{"REG": ..., "STACK": ..., "LOCAL": ..., "SHARED": ...}``."""

@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 import pytest
-from infer_core.testing import cubin_resource_usage
+from infer_core.testing import cubin_resource_usage, target_sm90
 
 # (query heads, KV heads, head_dim, split count, one-launch merge): the shapes of Qwen3-0.6B and
 # Qwen3-8B at the split counts of batch 1, the widest group the backend takes, and head_dim 256.
@@ -43,23 +43,11 @@ def compile_configs() -> list[dict]:
     launch compiles (warm-up) instead of running."""
     import torch
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime import driver
 
     from infer_attention_triton import decode
     from infer_attention_triton.tiles import decode_tiles
 
-    class Sm90Target:
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device):
-            return 0
-
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-    driver.set_active(Sm90Target())
+    target_sm90()
     decode.use_pdl = lambda x: True  # as on an H100
     compiled: list[tuple[str, triton.compiler.CompiledKernel]] = []
     for kernel in (decode._decode_kernel, decode._merge_splits_kernel):

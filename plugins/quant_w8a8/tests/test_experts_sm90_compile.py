@@ -13,7 +13,7 @@ NVIDIA backend the test is skipped.
 from __future__ import annotations
 
 import pytest
-from infer_core.testing import CannotCompile, compiled_in_a_process, cubin_resource_usage, print_compiled
+from infer_core.testing import CannotCompile, compiled_in_a_process, cubin_resource_usage, print_compiled, target_sm90
 
 HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 8, 2
 TOKENS = (16, 80, 400, 1200)  # 4, 20, 100 and 300 entries an expert: every tile set of choose_tiles
@@ -22,28 +22,16 @@ WEIGHTS = ("bfloat16", "int8", "float8_e4m3fn")
 
 def compile_cases() -> list[dict]:
     import torch
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime import driver
 
     from infer_core.layers.fused import moe_gemm, moe_gemv
     from infer_core.layers.fused.moe_gemm import choose_tiles, fused_experts
     from infer_core.layers.moe.align import align_by_expert
 
-    class Sm90Target:
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device):
-            return 0
-
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
     try:
         import triton.backends.nvidia  # noqa: F401 - the backend that compiles for sm_90
     except ImportError as exc:
         raise CannotCompile(f"no NVIDIA backend in this Triton ({exc})") from exc
-    driver.set_active(Sm90Target())
+    target_sm90()
     moe_gemm.use_pdl = moe_gemv.use_pdl = lambda x: True  # as on an H100
     moe_gemv.num_sms = lambda device: 132
     compiled = []
