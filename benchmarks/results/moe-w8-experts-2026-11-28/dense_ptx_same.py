@@ -14,12 +14,12 @@ import sys
 
 sys.path.insert(0, sys.argv[1])
 
-import torch  # noqa: E402
+import torch
 
-from infer_core.layers.fused import moe_gemm, moe_gemv  # noqa: E402
-from infer_core.layers.fused.moe_gemm import choose_tiles, fused_experts  # noqa: E402
-from infer_core.layers.moe.align import align_by_expert  # noqa: E402
-from infer_core.testing import float_ops  # noqa: E402
+from infer_core.layers.fused import moe_gemm, moe_gemv
+from infer_core.layers.fused.moe_gemm import choose_tiles, fused_experts
+from infer_core.layers.moe.align import align_by_expert
+from infer_core.testing import float_ops
 
 try:
     from infer_core.testing import target_sm90
