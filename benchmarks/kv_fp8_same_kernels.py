@@ -46,7 +46,7 @@ def compile_all(fp8: bool) -> dict[str, str]:
     import torch
     from infer_attention_triton import decode, prefill
     from infer_attention_triton.tiles import decode_tiles, prefill_tiles
-    from infer_core.testing import target_sm90
+    from infer_core.testing_sm90 import target_sm90
 
     from infer_core.layers.fused import kv_write, qk_norm_rope
     from infer_core.layers.rotary import RotaryEmbedding

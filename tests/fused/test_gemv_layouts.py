@@ -21,7 +21,7 @@ import re
 import pytest
 import torch
 
-from infer_core.testing import compile_for_sm90, compiled_in_a_process, float_ops, print_compiled
+from infer_core.testing_sm90 import compile_for_sm90, compiled_in_a_process, float_ops, print_compiled
 
 triton = pytest.importorskip("triton")
 

@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 import pytest
-from infer_core.testing import cubin_resource_usage, target_sm90
+from infer_core.testing_sm90 import cubin_resource_usage, target_sm90
 
 # (query heads, KV heads, head_dim, split count, one-launch merge): the shapes of Qwen3-0.6B and
 # Qwen3-8B at the split counts of batch 1, the widest group the backend takes, and head_dim 256.

@@ -13,7 +13,7 @@ NVIDIA backend the test is skipped.
 from __future__ import annotations
 
 import pytest
-from infer_core.testing import CannotCompile, compiled_in_a_process, cubin_resource_usage, print_compiled, target_sm90
+from infer_core.testing_sm90 import CannotCompile, compiled_in_a_process, cubin_resource_usage, print_compiled, target_sm90
 
 HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 8, 2
 TOKENS = (16, 80, 400, 1200)  # 4, 20, 100 and 300 entries an expert: every tile set of choose_tiles
