@@ -78,7 +78,8 @@ def _dot(a, w, acc, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 @triton.jit
 def _weight_tile(ptrs, mask, a, W_SCALED: tl.constexpr, UPCAST: tl.constexpr):
     """A weight tile, zero where masked; 8-bit weights converted to ``a``'s dtype (float32 in the interpreter),
-    their masked lanes zeroed after the conversion (an 8-bit float has no literal zero to load as ``other``)."""
+    their masked lanes zeroed after the conversion rather than by a float ``other`` on the 8-bit load, as the W8
+    GEMV does."""
     if not W_SCALED:
         return tl.load(ptrs, mask=mask, other=0.0)
     w = tl.load(ptrs, mask=mask)

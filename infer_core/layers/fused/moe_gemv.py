@@ -60,10 +60,10 @@ def _load_row(ptr, k, K, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _w_tile(w_ptrs, mask, EVEN_K: tl.constexpr, SCALED: tl.constexpr):
-    """A weight tile in float32, zero where masked (an 8-bit float has no literal zero to load as ``other``:
-    its masked lanes are zeroed after the conversion)."""
-    if EVEN_K and not SCALED:
+def _w_tile(w_ptrs, mask, MASKED: tl.constexpr, SCALED: tl.constexpr):
+    """A weight tile in float32, zero where ``mask`` is off (with MASKED); an 8-bit tile's masked lanes are zeroed
+    after the conversion rather than by a float ``other`` on the 8-bit load, as the W8 GEMV does."""
+    if not MASKED:
         return tl.load(w_ptrs).to(tl.float32)
     if not SCALED:
         return tl.load(w_ptrs, mask=mask, other=0.0).to(tl.float32)
@@ -94,8 +94,8 @@ def _gate_up_kernel(x_ptr, w_ptr, ids_ptr, out_ptr, s_ptr, num_local, I, K, stri
         xk = _load_row(x_row, k, K, EVEN_K)
         if SCALED:
             in_k = (k < K)[None, :]
-            gate += tl.sum(_w_tile(gate_ptrs, in_k, EVEN_K, SCALED) * xk[None, :], axis=1)
-            up += tl.sum(_w_tile(up_ptrs, in_k, EVEN_K, SCALED) * xk[None, :], axis=1)
+            gate += tl.sum(_w_tile(gate_ptrs, in_k, not EVEN_K, SCALED) * xk[None, :], axis=1)
+            up += tl.sum(_w_tile(up_ptrs, in_k, not EVEN_K, SCALED) * xk[None, :], axis=1)
         else:
             gate += tl.sum(load_w_tile(gate_ptrs, k, K, EVEN_K) * xk[None, :], axis=1)
             up += tl.sum(load_w_tile(up_ptrs, k, K, EVEN_K) * xk[None, :], axis=1)
@@ -142,7 +142,7 @@ def _down_kernel(a_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, s_ptr, num_local, 
         else:
             in_k = k0 + offs_k < K
             w_mask, a_mask = valid[:, None, None] & in_k[None, None, :], valid[:, None] & in_k[None, :]
-        w = _w_tile(w_ptrs, w_mask, False, SCALED)
+        w = _w_tile(w_ptrs, w_mask, True, SCALED)
         a = tl.load(a_ptrs, mask=a_mask, other=0.0).to(tl.float32)
         acc += tl.sum(w * a[:, None, :], axis=2)
         w_ptrs += BLOCK_K
@@ -200,9 +200,10 @@ def moe_gemv_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     scaled = gate_up_scale is not None
     if scaled != (down_scale is not None) or scaled != (gate_up.element_size() == 1) or (scaled and (
             gate_up_scale.shape != gate_up.shape[:2] or down_scale.shape != down.shape[:2]
+            or gate_up_scale.dtype != torch.float32 or down_scale.dtype != torch.float32
             or gate_up_scale.stride(1) != 1 or down_scale.stride(1) != 1)):
-        raise ValueError(f"8-bit expert weights need both scales, [E, 2I] and [E, H] with contiguous rows, and only "
-                         f"they: gate_up {gate_up.dtype}, down {down.dtype}, scales "
+        raise ValueError("8-bit expert weights need both scales, float32 [E, 2I] and [E, H] with contiguous rows, and "
+                         f"only they: gate_up {gate_up.dtype}, down {down.dtype}, scales "
                          f"{None if gate_up_scale is None else tuple(gate_up_scale.shape)}, "
                          f"{None if down_scale is None else tuple(down_scale.shape)}")
     x = x if x.stride(1) == 1 else x.contiguous()

@@ -27,7 +27,8 @@ def experts_torch(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, to
     other ranks and add nothing. Reads the routing on the host (a sync per layer): the CPU's path, and the
     reference the kernels are checked against. With ``gate_up_scale`` [E, 2I] and ``down_scale`` [E, H] the
     weights are 8-bit and each row's products are summed in float32, then multiplied by the row's scale and
-    rounded to ``x``'s dtype (as ``fused/moe_gemm.py`` computes them).
+    rounded to ``x``'s dtype (the kernels keep gate and up in float32 to the SiLU and round once: in float32 the
+    two agree to rounding, in bfloat16 within its precision).
     """
     out = torch.zeros_like(x)
     num_experts = gate_up.shape[0]
