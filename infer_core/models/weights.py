@@ -92,8 +92,9 @@ def init_dummy_weights(model: nn.Module, seed: int) -> None:
 
     A sharded parameter is filled through its layer's ``weight_loader`` from the full checkpoint
     tensor drawn on its device (seeded by name and shard), so every tensor-parallel size runs the
-    same model and TP=N can be checked against TP=1. That holds for a quantized method's 8-bit weight
-    too: the method quantizes the drawn values as it would a checkpoint's.
+    same model and TP=N can be checked against TP=1. A quantized method's 8-bit weight gets the drawn
+    values as it would a checkpoint's and quantizes its rank's part: the same model up to the scales of
+    rows split over ranks (each rank scales its columns of a row-parallel weight).
     """
     seen: set[int] = set()
     num_layers = sum(1 for name, _ in model.named_modules() if name.endswith(".self_attn"))
