@@ -219,6 +219,23 @@ def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None
     )
 
 
+def scaled_weights(gate_up: torch.Tensor, down: torch.Tensor, gate_up_scale: torch.Tensor | None,
+                   down_scale: torch.Tensor | None) -> bool:
+    """Whether the experts are 8-bit with their rows' scales (both given, float32 [E, 2I] and [E, H], contiguous
+    rows), or in a float dtype without scales; anything else is an error naming what was given."""
+    scaled = (gate_up_scale is not None, down_scale is not None)
+    if scaled[0] != scaled[1] or (gate_up.element_size() == 1) != scaled[0]:
+        raise ValueError(f"8-bit expert weights need both scales, and only they: gate_up {gate_up.dtype}, down "
+                         f"{down.dtype}, scales given {scaled}")
+    if scaled[0] and (gate_up_scale.shape != gate_up.shape[:2] or down_scale.shape != down.shape[:2]
+                      or gate_up_scale.dtype != torch.float32 or down_scale.dtype != torch.float32
+                      or gate_up_scale.stride(1) != 1 or down_scale.stride(1) != 1):
+        raise ValueError(f"scales {tuple(gate_up_scale.shape)} {gate_up_scale.dtype}, {tuple(down_scale.shape)} "
+                         f"{down_scale.dtype} must be float32 [E, 2I] {tuple(gate_up.shape[:2])} and [E, H] "
+                         f"{tuple(down.shape[:2])}, one a weight row, contiguous rows")
+    return scaled[0]
+
+
 def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
                   blocks: ExpertBlocks, tiles: MoETiles, *, local_ids: torch.Tensor | None = None,
                   gate_up_scale: torch.Tensor | None = None, down_scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -238,16 +255,7 @@ def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, to
     if x.shape[1] != gate_up.shape[2] or down.shape[2] * 2 != gate_up.shape[1]:
         raise ValueError(f"x {tuple(x.shape)}, gate_up {tuple(gate_up.shape)} and down {tuple(down.shape)} do not fit: "
                          "gate_up must be [E, 2I, H] and down [E, H, I] for x [T, H]")
-    scaled = (gate_up_scale is not None, down_scale is not None)
-    if scaled[0] != scaled[1] or (gate_up.element_size() == 1) != scaled[0]:
-        raise ValueError(f"8-bit expert weights need both scales, and only they: gate_up {gate_up.dtype}, down "
-                         f"{down.dtype}, scales given {scaled}")
-    if scaled[0] and (gate_up_scale.shape != gate_up.shape[:2] or down_scale.shape != down.shape[:2]
-                      or gate_up_scale.dtype != torch.float32 or down_scale.dtype != torch.float32
-                      or gate_up_scale.stride(1) != 1 or down_scale.stride(1) != 1):
-        raise ValueError(f"scales {tuple(gate_up_scale.shape)} {gate_up_scale.dtype}, {tuple(down_scale.shape)} "
-                         f"{down_scale.dtype} must be float32 [E, 2I] {tuple(gate_up.shape[:2])} and [E, H] "
-                         f"{tuple(down.shape[:2])}, one a weight row, contiguous rows")
+    scaled_weights(gate_up, down, gate_up_scale, down_scale)
     inter = torch.empty((num_entries, gate_up.shape[1] // 2), dtype=x.dtype, device=x.device)
     per_entry = torch.empty((num_entries, down.shape[1]), dtype=x.dtype, device=x.device)
     if num_entries:

@@ -37,8 +37,9 @@ import triton
 import triton.language as tl
 
 from infer_core.layers.fused import use_pdl
-from infer_core.layers.fused.gemv import load_w_tile, prefetch_w_to_l2
+from infer_core.layers.fused.gemv import prefetch_w_to_l2
 from infer_core.layers.fused.gemv_tiles import L2_LINE_BYTES, GemvConfig, choose_config, num_sms
+from infer_core.layers.fused.moe_gemm import scaled_weights
 from infer_core.layers.fused.pdl import pdl_enter
 
 MAX_ENTRIES = 16  # decode steps: more entries run the grouped GEMMs (4 tokens of top-8 measured no faster here)
@@ -92,13 +93,9 @@ def _gate_up_kernel(x_ptr, w_ptr, ids_ptr, out_ptr, s_ptr, num_local, I, K, stri
     for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         k = k0 + offs_k
         xk = _load_row(x_row, k, K, EVEN_K)
-        if SCALED:
-            in_k = (k < K)[None, :]
-            gate += tl.sum(_w_tile(gate_ptrs, in_k, not EVEN_K, SCALED) * xk[None, :], axis=1)
-            up += tl.sum(_w_tile(up_ptrs, in_k, not EVEN_K, SCALED) * xk[None, :], axis=1)
-        else:
-            gate += tl.sum(load_w_tile(gate_ptrs, k, K, EVEN_K) * xk[None, :], axis=1)
-            up += tl.sum(load_w_tile(up_ptrs, k, K, EVEN_K) * xk[None, :], axis=1)
+        in_k = (k < K)[None, :]
+        gate += tl.sum(_w_tile(gate_ptrs, in_k, not EVEN_K, SCALED) * xk[None, :], axis=1)
+        up += tl.sum(_w_tile(up_ptrs, in_k, not EVEN_K, SCALED) * xk[None, :], axis=1)
         gate_ptrs += BLOCK_K
         up_ptrs += BLOCK_K
     if SCALED:
@@ -197,15 +194,7 @@ def moe_gemv_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
                          "[T, H]")
     if gate_up.stride(2) != 1 or down.stride(2) != 1:
         raise ValueError("the MoE GEMV reads weight rows as contiguous: pass contiguous expert weights")
-    scaled = gate_up_scale is not None
-    if scaled != (down_scale is not None) or scaled != (gate_up.element_size() == 1) or (scaled and (
-            gate_up_scale.shape != gate_up.shape[:2] or down_scale.shape != down.shape[:2]
-            or gate_up_scale.dtype != torch.float32 or down_scale.dtype != torch.float32
-            or gate_up_scale.stride(1) != 1 or down_scale.stride(1) != 1)):
-        raise ValueError("8-bit expert weights need both scales, float32 [E, 2I] and [E, H] with contiguous rows, and "
-                         f"only they: gate_up {gate_up.dtype}, down {down.dtype}, scales "
-                         f"{None if gate_up_scale is None else tuple(gate_up_scale.shape)}, "
-                         f"{None if down_scale is None else tuple(down_scale.shape)}")
+    scaled = scaled_weights(gate_up, down, gate_up_scale, down_scale)
     x = x if x.stride(1) == 1 else x.contiguous()
     num_entries = num_tokens * top_k
     ids = topk_ids.reshape(-1)

@@ -70,13 +70,21 @@ class UnquantizedMoEMethod(MoEMethod):
         self.triton = params_dtype in MOE_GEMM_DTYPES and fused.runs_triton(fused.MOE, layer.gate_up_proj.device)
 
     def apply(self, layer, x, topk_weights, topk_ids):
-        if not self.triton:
-            return experts_torch(x, layer.gate_up_proj, layer.down_proj, topk_weights, topk_ids)
-        from infer_core.layers.fused.moe_gemv import moe_gemv_experts, use_moe_gemv
+        return run_experts(layer, x, topk_weights, topk_ids, triton=self.triton)
 
-        if use_moe_gemv(topk_ids.shape[0], topk_ids.shape[1], layer.num_experts):  # decode: a read of the experts
-            return moe_gemv_experts(x, layer.gate_up_proj, layer.down_proj, topk_weights, topk_ids)
-        return grouped_experts(layer, x, topk_weights, topk_ids)
+
+def run_experts(layer, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *, triton: bool,
+                gate_up_scale: torch.Tensor | None = None, down_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The layer's experts (``gate_up_proj``, ``down_proj``; 8-bit with their rows' scales) on ``x``: with ``triton``
+    the GEMVs over the entries at decode sizes, else the grouped GEMMs; without, :func:`experts_torch`."""
+    scales = {"gate_up_scale": gate_up_scale, "down_scale": down_scale}
+    if not triton:
+        return experts_torch(x, layer.gate_up_proj, layer.down_proj, topk_weights, topk_ids, **scales)
+    from infer_core.layers.fused.moe_gemv import moe_gemv_experts, use_moe_gemv
+
+    if use_moe_gemv(topk_ids.shape[0], topk_ids.shape[1], layer.num_experts):  # decode: a read of the experts
+        return moe_gemv_experts(x, layer.gate_up_proj, layer.down_proj, topk_weights, topk_ids, **scales)
+    return grouped_experts(layer, x, topk_weights, topk_ids, **scales)
 
 
 def tiles_for(layer, num_entries: int):

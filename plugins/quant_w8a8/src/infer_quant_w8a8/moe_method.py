@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from infer_core.interfaces import MoEMethod
 from infer_core.layers import fused
-from infer_core.layers.moe.unquantized import MOE_GEMM_DTYPES, experts_torch, grouped_experts
+from infer_core.layers.moe.unquantized import MOE_GEMM_DTYPES, run_experts
 from torch import nn
 
 from infer_quant_w8a8.quantize import TORCH_DTYPES, quantize_weight
@@ -59,11 +59,5 @@ class W8ExpertsMethod(MoEMethod):
         getattr(layer, SCALES[name])[expert].narrow(0, row_offset, loaded.shape[0]).copy_(scale[:, 0])
 
     def apply(self, layer, x, topk_weights, topk_ids):
-        scales = dict(gate_up_scale=layer.gate_up_scale, down_scale=layer.down_scale)
-        if not self.triton:
-            return experts_torch(x, layer.gate_up_proj, layer.down_proj, topk_weights, topk_ids, **scales)
-        from infer_core.layers.fused.moe_gemv import moe_gemv_experts, use_moe_gemv
-
-        if use_moe_gemv(topk_ids.shape[0], topk_ids.shape[1], layer.num_experts):  # decode: a read of the experts
-            return moe_gemv_experts(x, layer.gate_up_proj, layer.down_proj, topk_weights, topk_ids, **scales)
-        return grouped_experts(layer, x, topk_weights, topk_ids, **scales)
+        return run_experts(layer, x, topk_weights, topk_ids, triton=self.triton, gate_up_scale=layer.gate_up_scale,
+                           down_scale=layer.down_scale)
